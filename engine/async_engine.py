@@ -1,0 +1,102 @@
+"""The engine for the servers: a background thread steps the engine while requests stream over asyncio.
+
+`add_request` returns an async iterator of cumulative RequestOutputs; leaving the iterator early (a
+client that disconnects) aborts the request, so its blocks are freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from kvferry.engine.engine_args import EngineArgs
+from kvferry.engine.llm_engine import LLMEngine, PromptInput
+from kvferry.engine.outputs import RequestOutput
+from kvferry.engine.sampling_params import SamplingParams
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop raised; every request in flight gets this error and no new one is taken."""
+
+
+class AsyncLLMEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self._lock = threading.Condition()
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
+        self._stopping = False
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="kvferry-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_model(cls, model_dir: str | Path, **engine_args: Any) -> AsyncLLMEngine:
+        return cls(LLMEngine(model_dir, EngineArgs(**engine_args)))
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not self._stopping and not self.engine.has_unfinished_requests():
+                    self._lock.wait()
+                if self._stopping:
+                    return
+                try:
+                    outputs = self.engine.step()
+                except BaseException as exc:  # noqa: BLE001 - every waiter must hear about it
+                    self.error = exc
+                    self._fail_all(EngineDeadError(f"engine step failed: {exc!r}"))
+                    return
+                for output in outputs:
+                    self._deliver(output.request_id, output)
+
+    def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
+        target = self._queues.get(request_id)
+        if target is not None:
+            loop, queue = target
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _fail_all(self, error: BaseException) -> None:
+        for request_id in list(self._queues):
+            self._deliver(request_id, error)
+
+    async def add_request(
+        self, request_id: str, prompt: PromptInput, params: SamplingParams | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        """Validates and queues at once (raising ValueError for bad input); iterate for outputs."""
+        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
+        with self._lock:
+            if self.error is not None:
+                raise EngineDeadError(f"engine is dead: {self.error!r}")
+            self.engine.add_request(request_id, prompt, params)
+            self._queues[request_id] = (asyncio.get_running_loop(), queue)
+            self._lock.notify()
+        return self._stream(request_id, queue)
+
+    async def _stream(
+        self, request_id: str, queue: asyncio.Queue[RequestOutput | BaseException]
+    ) -> AsyncIterator[RequestOutput]:
+        finished = False
+        try:
+            while not finished:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            self._queues.pop(request_id, None)
+            if not finished:
+                self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        with self._lock:
+            self.engine.abort_request(request_id)
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._stopping = True
+            self._lock.notify()
+        self._thread.join(timeout=10)

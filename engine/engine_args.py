@@ -1,0 +1,45 @@
+"""Engine settings: one frozen model of everything `LLM(...)` and the nodes accept."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    dtype: str = "auto"  # "auto": the checkpoint's dtype on CUDA, float32 on the CPU
+    device: str = "auto"  # "auto": cuda when available, else cpu
+    max_model_len: int | None = None  # default: the model's max_position_embeddings, capped at 8192
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
+    block_size: int = 16
+    num_kv_blocks: int | None = None  # default: as many as kv_cache_bytes holds
+    kv_cache_bytes: int = 1 << 30
+    enable_prefix_caching: bool = True
+    served_model_name: str | None = None  # also the prefix-hash salt; default: the folder's name
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.dtype != "auto" and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError(f"num_kv_blocks must be at least 2, got {self.num_kv_blocks}")
+
+    def resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device(self.device)
+
+    def resolve_dtype(self, checkpoint_dtype: str, device: torch.device) -> torch.dtype:
+        if self.dtype != "auto":
+            return DTYPES[self.dtype]
+        if device.type == "cpu":
+            return torch.float32
+        return DTYPES.get(checkpoint_dtype, torch.bfloat16)

@@ -1,0 +1,191 @@
+"""The synchronous engine: requests in, one scheduler step at a time, incremental outputs out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from kvferry.engine.block_manager import BlockManager
+from kvferry.engine.detokenizer import IncrementalDetokenizer
+from kvferry.engine.engine_args import EngineArgs
+from kvferry.engine.generation_config import GenerationDefaults
+from kvferry.engine.model import CausalLM
+from kvferry.engine.model_config import ModelConfig
+from kvferry.engine.model_runner import ModelRunner
+from kvferry.engine.outputs import CompletionOutput, RequestOutput
+from kvferry.engine.sampler import SamplerOutput
+from kvferry.engine.sampling_params import SamplingParams
+from kvferry.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from kvferry.engine.sequence import Sequence
+from kvferry.engine.tokenizer import ModelTokenizer
+from kvferry.engine.weights import load_weights
+from kvferry.kvcache.allocator import BlockAllocator
+from kvferry.kvcache.kv_pool import KVPool, KVPoolLayout
+
+PromptInput = str | dict[str, list[int]]
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seqs: list[Sequence]
+
+    def output(self) -> RequestOutput:
+        completions = [
+            CompletionOutput(
+                index=seq.index,
+                text=seq.detokenizer.visible_text(seq.is_finished),
+                token_ids=list(seq.output_token_ids),
+                finish_reason=seq.finish_reason,
+                stop_reason=seq.stop_reason,
+                logprobs=None if seq.logprobs is None else list(seq.logprobs),
+            )
+            for seq in self.seqs
+        ]
+        return RequestOutput(
+            self.request_id, self.prompt, self.prompt_token_ids, completions, self.seqs[0].num_cached_tokens
+        )
+
+
+class LLMEngine:
+    def __init__(self, model_dir: str | Path, args: EngineArgs | None = None) -> None:
+        args = args or EngineArgs()
+        self.args = args
+        self.model_dir = Path(model_dir)
+        self.model_config = ModelConfig.from_dir(self.model_dir)
+        self.device = args.resolve_device()
+        self.dtype = args.resolve_dtype(self.model_config.torch_dtype, self.device)
+        self.tokenizer = ModelTokenizer(self.model_dir)
+        self.generation_defaults = GenerationDefaults.from_dir(self.model_dir, self.model_config, self.tokenizer)
+        self.max_model_len = min(args.max_model_len or 8192, self.model_config.max_position_embeddings)
+        self.served_model_name = args.served_model_name or self.model_dir.name
+
+        cfg = self.model_config
+        self.pool_layout = KVPoolLayout(
+            num_layers=cfg.num_layers,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            block_size=args.block_size,
+            dtype=str(self.dtype).removeprefix("torch."),
+        )
+        num_blocks = args.num_kv_blocks or KVPool.blocks_for_budget(self.pool_layout, args.kv_cache_bytes)
+        self.block_manager = BlockManager(
+            BlockAllocator(num_blocks, args.enable_prefix_caching), args.block_size, self.served_model_name
+        )
+        self._check_pool_holds_one_sequence(num_blocks)
+        self.pool = KVPool(self.pool_layout, num_blocks, self.device)
+        weights = load_weights(self.model_dir, cfg, self.dtype, self.device)
+        self.runner = ModelRunner(CausalLM(cfg, weights, self.max_model_len), self.pool, self.device)
+        self.scheduler = Scheduler(
+            SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len), self.block_manager
+        )
+        self.requests: dict[str, Request] = {}
+
+    @property
+    def allocator(self) -> BlockAllocator:
+        return self.block_manager.allocator
+
+    def _check_pool_holds_one_sequence(self, num_blocks: int) -> None:
+        needed = self.block_manager.blocks_for(self.max_model_len)
+        if num_blocks - 1 < needed:
+            raise ValueError(
+                f"num_kv_blocks={num_blocks} cannot hold one sequence of max_model_len={self.max_model_len} "
+                f"({needed} blocks of {self.args.block_size} plus the null block): raise the KV budget or lower "
+                "max_model_len"
+            )
+
+    # ---- requests ---------------------------------------------------------------------------
+    def tokenize_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            return None, [int(t) for t in prompt["prompt_token_ids"]]
+        raise TypeError("a prompt is a string or {'prompt_token_ids': [...]}")
+
+    def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams | None = None) -> None:
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"request_id {request_id!r} is already running")
+        text, token_ids = self.tokenize_prompt(prompt)
+        self._validate_prompt(token_ids)
+        seqs = []
+        for index in range(params.n):
+            generator = None
+            if params.seed is not None:
+                generator = torch.Generator(self.device).manual_seed(params.seed + index)
+            detokenizer = IncrementalDetokenizer(self.tokenizer.tokenizer, params.stop_strings, params.skip_special_tokens)
+            seqs.append(Sequence(request_id, index, token_ids, params, detokenizer, generator))
+        self.requests[request_id] = Request(request_id, text, token_ids, seqs)
+        for seq in seqs:
+            self.scheduler.add(seq)
+
+    def _validate_prompt(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise ValueError("prompt is empty: it must hold at least one token")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len}: "
+                "there is no room to generate"
+            )
+        vocab = self.model_config.vocab_size
+        bad = [t for t in token_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt_token_ids holds ids outside the vocabulary [0, {vocab}): {bad[:5]}")
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return None
+        for seq in request.seqs:
+            if not seq.is_finished:
+                self.scheduler.finish(seq, "abort")
+        return request.output()
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if batch.empty:
+            return []
+        sampled_seqs, sampled = self.runner.run(batch)
+        return self._process(batch, sampled_seqs, sampled)
+
+    def _process(self, batch: ScheduledBatch, sampled_seqs: list[Sequence], sampled: SamplerOutput) -> list[RequestOutput]:
+        for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True):
+            seq.num_computed_tokens += count
+            self.block_manager.cache_computed_blocks(seq)
+        for seq, token, logprobs in zip(sampled_seqs, sampled.token_ids, sampled.logprobs, strict=True):
+            seq.token_ids.append(token)
+            if seq.logprobs is not None:
+                seq.logprobs.append(logprobs or {})
+            stop_string = seq.detokenizer.append(token)
+            reason, stop_reason = self._finish_reason(seq, token, stop_string)
+            if reason:
+                if stop_string is None:
+                    seq.detokenizer.flush()
+                self.scheduler.finish(seq, reason, stop_reason)
+        outputs = []
+        for request_id in dict.fromkeys(seq.request_id for seq in sampled_seqs):
+            request = self.requests[request_id]
+            output = request.output()
+            if output.finished:
+                del self.requests[request_id]
+            outputs.append(output)
+        return outputs
+
+    def _finish_reason(self, seq: Sequence, token: int, stop_string: str | None) -> tuple[str | None, str | int | None]:
+        params = seq.params
+        if token in params.stop_token_ids:
+            return "stop", token
+        if not params.ignore_eos and token in self.generation_defaults.eos_token_ids:
+            return "stop", None
+        if stop_string is not None:
+            return "stop", stop_string
+        if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length", None
+        return None, None

@@ -1,0 +1,107 @@
+"""One decoder-only transformer for the Llama, Mistral, Qwen2 and Qwen3 families.
+
+The families differ by flags from ModelConfig (q/k/v biases, per-head q/k RMSNorm, tied embeddings).
+q/k/v and gate/up projections are fused into one matmul each; attention reads and writes the paged pool.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from kvferry.engine.attention_metadata import AttentionMetadata
+from kvferry.engine.model_config import ModelConfig
+from kvferry.engine.rope import cos_sin_cache
+from kvferry.kvcache.kv_pool import KVPool
+
+from kvferry import kernels
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
+    o_proj: torch.Tensor
+    post_attention_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+@dataclass
+class ModelWeights:
+    embed_tokens: torch.Tensor
+    layers: list[LayerWeights]
+    final_norm: torch.Tensor
+    lm_head: torch.Tensor
+
+
+class CausalLM:
+    def __init__(self, config: ModelConfig, weights: ModelWeights, max_positions: int) -> None:
+        self.config = config
+        self.weights = weights
+        device = weights.embed_tokens.device
+        self.cos_sin = cos_sin_cache(config.rope, config.head_dim, max_positions).to(device)
+        self.scale = config.head_dim**-0.5
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, pool: KVPool
+    ) -> torch.Tensor:
+        """Hidden states [tokens, hidden] after the final norm, for every input token."""
+        cfg, w = self.config, self.weights
+        hidden = F.embedding(input_ids, w.embed_tokens)
+        residual = None
+        for index, layer in enumerate(w.layers):
+            normed, residual = kernels.rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps, residual)
+            attn = self._attention(index, layer, normed, positions, meta, pool)
+            normed, residual = kernels.rms_norm(attn, layer.post_attention_norm, cfg.rms_norm_eps, residual)
+            hidden = F.linear(kernels.silu_and_mul(F.linear(normed, layer.gate_up)), layer.down)
+        return kernels.rms_norm(hidden, w.final_norm, cfg.rms_norm_eps, residual)[0]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.weights.lm_head).float()
+
+    def _attention(
+        self,
+        index: int,
+        layer: LayerWeights,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        pool: KVPool,
+    ) -> torch.Tensor:
+        cfg = self.config
+        qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q = q.view(-1, cfg.num_heads, cfg.head_dim)
+        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        if cfg.qk_norm:
+            q = kernels.head_rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
+            k = kernels.head_rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
+        q, k = kernels.apply_rope(q, k, positions, self.cos_sin)
+        key_cache, value_cache = pool.layer_kv(index)
+        kernels.store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+
+        out = torch.empty_like(q)
+        decodes = meta.num_decode_seqs
+        if decodes:
+            out[:decodes] = kernels.paged_decode_attention(
+                q[:decodes], key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale
+            )
+        if q.shape[0] > decodes:
+            out[decodes:] = kernels.paged_prefill_attention(
+                q[decodes:],
+                key_cache,
+                value_cache,
+                meta.prefill_block_tables,
+                meta.prefill_context_lens,
+                meta.prefill_query_start_loc,
+                self.scale,
+            )
+        return F.linear(out.view(-1, self.q_size), layer.o_proj)

@@ -1,0 +1,94 @@
+"""Turns the last-position logits of a batch into next tokens, honouring each sequence's SamplingParams.
+
+A batch where every row is greedy and unpenalized takes one argmax; otherwise rows are filtered together
+(temperature, top-k, top-p, min-p on one sort) and drawn with the row's own generator when it has a seed,
+so a seeded request reproduces whatever else shares its batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from kvferry.engine.sequence import Sequence
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[dict[int, float] | None]
+
+
+def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """vLLM/OpenAI semantics: repetition over prompt + output, presence/frequency over the output."""
+    vocab = logits.shape[1]
+    for row, seq in enumerate(seqs):
+        params = seq.params
+        if not params.needs_penalties:
+            continue
+        output_counts = torch.bincount(torch.tensor(seq.output_token_ids, dtype=torch.long), minlength=vocab)
+        output_counts = output_counts[:vocab].to(logits.device, logits.dtype)
+        if params.repetition_penalty != 1.0:
+            seen = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
+            seen[torch.tensor(seq.token_ids, device=logits.device)] = True
+            row_logits = logits[row]
+            penalized = torch.where(
+                row_logits > 0, row_logits / params.repetition_penalty, row_logits * params.repetition_penalty
+            )
+            logits[row] = torch.where(seen, penalized, row_logits)
+        logits[row] -= params.frequency_penalty * output_counts
+        logits[row] -= params.presence_penalty * (output_counts > 0).to(logits.dtype)
+
+
+def _filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    device = logits.device
+    temperatures = torch.tensor([s.params.temperature or 1.0 for s in seqs], device=device)
+    logits = logits / temperatures[:, None]
+    sorted_logits, sorted_ids = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[1]
+    top_k = torch.tensor([s.params.top_k if s.params.top_k > 0 else vocab for s in seqs], device=device)
+    top_p = torch.tensor([s.params.top_p for s in seqs], device=device)
+    min_p = torch.tensor([s.params.min_p for s in seqs], device=device)
+    ranks = torch.arange(vocab, device=device)[None, :]
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    # Keep a token while the mass before it is below top_p: the first token always survives.
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    drop = (ranks >= top_k[:, None]) | (mass_before >= top_p[:, None])
+    drop |= sorted_probs < min_p[:, None] * sorted_probs[:, :1]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    filtered = torch.full_like(logits, float("-inf")).scatter_(1, sorted_ids, sorted_logits)
+    return filtered.softmax(dim=-1)
+
+
+def _top_logprobs(logprobs: torch.Tensor, token_id: int, count: int) -> dict[int, float]:
+    result = {token_id: float(logprobs[token_id])}
+    if count:
+        values, ids = logprobs.topk(count)
+        result.update(zip(ids.tolist(), values.tolist(), strict=True))
+    return result
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+    """logits: [len(seqs), vocab] float32, one row per sequence that samples this step."""
+    wants_logprobs = [s.params.logprobs for s in seqs]
+    raw_logprobs = logits.log_softmax(dim=-1) if any(w is not None for w in wants_logprobs) else None
+    if any(s.params.needs_penalties for s in seqs):
+        logits = logits.clone()
+        apply_penalties(logits, seqs)
+    token_ids = logits.argmax(dim=-1)
+    random_rows = [row for row, s in enumerate(seqs) if not s.params.greedy]
+    if random_rows:
+        probs = _filtered_probs(logits[random_rows], [seqs[r] for r in random_rows])
+        unseeded = [i for i, r in enumerate(random_rows) if seqs[r].generator is None]
+        if unseeded:
+            token_ids[[random_rows[i] for i in unseeded]] = torch.multinomial(probs[unseeded], 1).squeeze(1)
+        for i, row in enumerate(random_rows):
+            generator = seqs[row].generator
+            if generator is not None:
+                token_ids[row] = torch.multinomial(probs[i], 1, generator=generator)[0]
+    tokens = token_ids.tolist()
+    logprobs: list[dict[int, float] | None] = [
+        None if count is None else _top_logprobs(raw_logprobs[row], tokens[row], count)  # type: ignore[index]
+        for row, count in enumerate(wants_logprobs)
+    ]
+    return SamplerOutput(tokens, logprobs)

@@ -1,0 +1,70 @@
+"""One sequence being generated: its tokens, its place in the KV pool, and its text so far."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+
+import torch
+from kvferry.engine.detokenizer import IncrementalDetokenizer
+from kvferry.engine.sampling_params import SamplingParams
+
+_sequence_ids = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(
+        self,
+        request_id: str,
+        index: int,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        detokenizer: IncrementalDetokenizer,
+        generator: torch.Generator | None,
+    ) -> None:
+        self.seq_id = next(_sequence_ids)
+        self.request_id = request_id
+        self.index = index  # which of the request's n completions this is
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.detokenizer = detokenizer
+        self.generator = generator
+        self.status = SequenceStatus.WAITING
+        self.block_ids: list[int] = []
+        self.block_hashes: list[int] = []  # hashes of the leading full blocks, grown as tokens are computed
+        self.num_computed_tokens = 0
+        self.num_registered_blocks = 0  # leading blocks already offered to the prefix cache
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
+        self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
+        self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def reset_for_recompute(self) -> None:
+        """After preemption: the KV is gone, so every token, generated ones too, is computed again."""
+        self.block_ids = []
+        self.num_computed_tokens = 0
+        self.num_registered_blocks = 0
+        self.status = SequenceStatus.WAITING

@@ -1,0 +1,83 @@
+"""Load a Hugging Face checkpoint's safetensors (one file, or shards with their index) into ModelWeights."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from kvferry.engine.model import LayerWeights, ModelWeights
+from kvferry.engine.model_config import ModelConfig
+from safetensors import safe_open
+
+INDEX_FILE = "model.safetensors.index.json"
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    index = model_dir / INDEX_FILE
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [model_dir / name for name in shards]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} holds no *.safetensors files")
+    return files
+
+
+class _TensorSource:
+    """Every tensor of the checkpoint by name, converted on read so the full-precision copy is short-lived."""
+
+    def __init__(self, model_dir: Path, dtype: torch.dtype, device: torch.device) -> None:
+        self.dtype, self.device = dtype, device
+        self.location: dict[str, Path] = {}
+        for path in checkpoint_files(model_dir):
+            with safe_open(str(path), framework="pt") as handle:
+                for name in handle.keys():
+                    self.location[name] = path
+        self._handles: dict[Path, object] = {}
+
+    def has(self, name: str) -> bool:
+        return name in self.location
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self.location:
+            raise KeyError(f"checkpoint lacks tensor {name!r}")
+        path = self.location[name]
+        if path not in self._handles:
+            self._handles[path] = safe_open(str(path), framework="pt", device="cpu")
+        tensor = self._handles[path].get_tensor(name)  # type: ignore[attr-defined]
+        return tensor.to(device=self.device, dtype=self.dtype)
+
+    def cat(self, *names: str) -> torch.Tensor:
+        return torch.cat([self.get(name) for name in names], dim=0)
+
+
+def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> ModelWeights:
+    source = _TensorSource(Path(model_dir), dtype, device)
+    layers = []
+    for i in range(config.num_layers):
+        prefix = f"model.layers.{i}."
+        attn = prefix + "self_attn."
+        layers.append(
+            LayerWeights(
+                input_norm=source.get(prefix + "input_layernorm.weight"),
+                qkv=source.cat(attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"),
+                qkv_bias=source.cat(attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias")
+                if config.qkv_bias
+                else None,
+                q_norm=source.get(attn + "q_norm.weight") if config.qk_norm else None,
+                k_norm=source.get(attn + "k_norm.weight") if config.qk_norm else None,
+                o_proj=source.get(attn + "o_proj.weight"),
+                post_attention_norm=source.get(prefix + "post_attention_layernorm.weight"),
+                gate_up=source.cat(prefix + "mlp.gate_proj.weight", prefix + "mlp.up_proj.weight"),
+                down=source.get(prefix + "mlp.down_proj.weight"),
+            )
+        )
+    embed = source.get("model.embed_tokens.weight")
+    tied = config.tie_word_embeddings or not source.has("lm_head.weight")
+    return ModelWeights(
+        embed_tokens=embed,
+        layers=layers,
+        final_norm=source.get("model.norm.weight"),
+        lm_head=embed if tied else source.get("lm_head.weight"),
+    )

@@ -1,0 +1,128 @@
+"""Plain torch versions of every kernel the engine calls: the CPU path, and the reference the Triton
+kernels are checked against. Each follows the Hugging Face implementation's arithmetic so that float32
+greedy decoding matches transformers token for token.
+
+KV caches come in as the strided per-layer views of the pool, [num_blocks, block_size, kv_heads, dim];
+nothing here assumes they are packed.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then RMSNorm; returns (normalized, new residual). Variance is taken in float32."""
+    if residual is not None:
+        x = x + residual
+    variance = x.float().pow(2).mean(-1, keepdim=True)
+    normalized = x.float() * torch.rsqrt(variance + eps)
+    return weight * normalized.to(x.dtype), x
+
+
+def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim of [tokens, heads, head_dim] (Qwen3's q/k norm)."""
+    return rms_norm(x, weight, eps)[0]
+
+
+def rotate_neox(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def apply_rope(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Neox-style rotary embedding of q, k [tokens, heads, head_dim] from a [max_pos, 2, head_dim] cache."""
+    cos_sin = cos_sin_cache[positions]
+    cos = cos_sin[:, 0].unsqueeze(1).to(q.dtype)
+    sin = cos_sin[:, 1].unsqueeze(1).to(q.dtype)
+    return rotate_neox(q, cos, sin), rotate_neox(k, cos, sin)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """Write each token's K/V [tokens, kv_heads, dim] into pool slot `block * block_size + offset`."""
+    block_size = key_cache.shape[1]
+    blocks, offsets = slot_mapping // block_size, slot_mapping % block_size
+    key_cache[blocks, offsets] = key
+    value_cache[blocks, offsets] = value
+
+
+def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first `length` tokens' [length, kv_heads, dim] of one sequence, read through its block table."""
+    block_size = cache.shape[1]
+    num_blocks = -(-length // block_size)
+    return cache[block_table[:num_blocks]].flatten(0, 1)[:length]
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """One query token per sequence, query [batch, q_heads, dim], attending to its whole paged context."""
+    batch, num_q_heads, head_dim = query.shape
+    block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    max_len = int(context_lens.max())
+    num_blocks = -(-max_len // block_size)
+    tables = block_tables[:, :num_blocks]
+    # [batch, kv_heads, dim, len] and [batch, kv_heads, len, dim]; GQA groups share one K/V read.
+    keys = key_cache[tables].flatten(1, 2)[:, :max_len].permute(0, 2, 3, 1)
+    values = value_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
+    scores = torch.matmul(query.view(batch, num_kv_heads, group, head_dim), keys) * scale
+    beyond = torch.arange(max_len, device=query.device)[None, :] >= context_lens[:, None]
+    scores.masked_fill_(beyond[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+    return torch.matmul(probs, values).reshape(batch, num_q_heads, head_dim)
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Varlen batch of new tokens, query [tokens, q_heads, dim]: each sequence's new tokens attend to its
+    cached prefix in full and to each other causally. Their K/V must already be stored in the pool."""
+    num_q_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = key_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    output = torch.empty_like(query)
+    starts, lens = query_start_loc.tolist(), context_lens.tolist()
+    for seq, context_len in enumerate(lens):
+        begin, end = starts[seq], starts[seq + 1]
+        num_new = end - begin
+        keys = _gather_context(key_cache, block_tables[seq], context_len).permute(1, 2, 0)
+        values = _gather_context(value_cache, block_tables[seq], context_len).transpose(0, 1)
+        q = query[begin:end].view(num_new, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
+        scores = torch.matmul(q, keys.unsqueeze(1)) * scale  # [kv_heads, group, new, len]
+        first_new = context_len - num_new
+        rows = torch.arange(num_new, device=query.device)[:, None] + first_new
+        cols = torch.arange(context_len, device=query.device)[None, :]
+        scores.masked_fill_(cols > rows, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+        out = torch.matmul(probs, values.unsqueeze(1))  # [kv_heads, group, new, dim]
+        output[begin:end] = out.permute(2, 0, 1, 3).reshape(num_new, num_q_heads, head_dim)
+    return output

@@ -1,0 +1,60 @@
+"""The node's KV pool: one tensor allocated once, laid out so blocks are the unit of transfer.
+
+Layout [num_blocks, num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]: everything a block holds,
+across all layers, is one contiguous region, and consecutive block ids are consecutive regions, so a run
+of blocks ships as one message (DESIGN.md §3-4). Attention reads a layer's K or V as a strided view.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+
+LAYOUT_NAME = "block-major:[block,layer,kv,slot,head,dim]"
+
+
+@dataclass(frozen=True)
+class KVPoolLayout:
+    """What two pools must agree on before blocks can move between them."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: str
+    layout: str = LAYOUT_NAME
+
+    def bytes_per_block(self) -> int:
+        element_size = torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+        return self.num_layers * 2 * self.block_size * self.num_kv_heads * self.head_dim * element_size
+
+    def as_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+class KVPool:
+    def __init__(self, layout: KVPoolLayout, num_blocks: int, device: str | torch.device = "cpu") -> None:
+        self.layout = layout
+        self.num_blocks = num_blocks
+        self.tensor = torch.zeros(
+            num_blocks,
+            layout.num_layers,
+            2,
+            layout.block_size,
+            layout.num_kv_heads,
+            layout.head_dim,
+            dtype=getattr(torch, layout.dtype),
+            device=device,
+        )
+
+    @classmethod
+    def blocks_for_budget(cls, layout: KVPoolLayout, budget_bytes: int) -> int:
+        return max(0, budget_bytes // layout.bytes_per_block())
+
+    def layer_kv(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Strided [num_blocks, block_size, num_kv_heads, head_dim] views of one layer's K and V."""
+        return self.tensor[:, layer, 0], self.tensor[:, layer, 1]
+
+    def block_bytes(self) -> int:
+        return self.layout.bytes_per_block()

@@ -1,0 +1,5 @@
+import sys
+
+from kvferry.cli import main
+
+sys.exit(main())
