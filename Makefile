@@ -32,11 +32,16 @@ cluster-binaries:
 lint: venv
 	$(BIN)/ruff check .
 
+# Until the serving nodes land (issue [5]), `make up` runs the offline demo on a tiny random checkpoint.
+DEMO_MODEL := $(CACHE)/models/demo-llama-tiny
 up: venv
-	$(BIN)/kvferry up
+	@test -f $(DEMO_MODEL)/config.json || $(BIN)/kvferry make-model --arch llama --size tiny --out $(DEMO_MODEL)
+	$(BIN)/kvferry generate --model $(DEMO_MODEL) --chat --prompt "Where does the ferry go?" --prompt "Tell me about Kubernetes."
 
+# pytest's exit code 5 means no test ran: reported and failed like any other failure.
 test: venv system-packages cluster-binaries lint
-	$(BIN)/python -m pytest
+	@$(BIN)/python -m pytest; status=$$?; \
+	  if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$status
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

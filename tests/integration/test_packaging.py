@@ -1,0 +1,64 @@
+"""The packaging recipe of DESIGN.md §1: the checkout runs from its root, and a wheel stands alone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+
+
+def _run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, f"{args} failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def test_operator_folder_has_no_init_and_stdlib_operator_still_wins():
+    assert not (REPO / "operator" / "__init__.py").exists()
+    out = _run([sys.executable, "-c", "import operator, kvferry.operator; print(operator.add(2, 3))"], REPO)
+    assert out.stdout.strip() == "5"
+
+
+def test_cli_help_from_the_repo_root():
+    out = _run([sys.executable, "-m", "kvferry", "--help"], REPO)
+    for command in ("make-model", "generate", "operator"):
+        assert command in out.stdout
+    assert "make-model" in _run([str(VENV_BIN / "kvferry"), "--help"], REPO).stdout
+
+
+@pytest.mark.parametrize("runner", [["pytest"], ["python", "-m", "pytest"]])
+def test_pytest_collects_from_the_root(runner):
+    command = [str(VENV_BIN / runner[0]), *runner[1:], "--collect-only", "-q", "tests/unit/test_block_hash.py"]
+    out = _run(command, REPO)
+    assert "4 tests collected" in out.stdout
+
+
+def test_wheel_installs_into_a_fresh_venv_and_imports(tmp_path):
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)], tmp_path)
+    wheel = next(tmp_path.glob("kvferry-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "kvferry/operator/command.py" in names and "kvferry/engine/llm.py" in names
+    assert "kvferry/data/corpus.txt" in names
+    assert not any(name.startswith("operator/") for name in names)
+
+    venv = tmp_path / "venv"
+    _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
+    _run([str(VENV_BIN / "uv"), "pip", "install", "--python", str(venv / "bin" / "python"), "--no-deps", str(wheel)], tmp_path)
+    # Dependencies come from the project's venv through PYTHONPATH; its editable-install hook is a .pth
+    # file, which PYTHONPATH does not run, so only the wheel can provide kvferry here.
+    env = {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]}
+    code = (
+        "import kvferry, kvferry.engine, kvferry.operator.crd_model as m, kvferry.kvcache;"
+        "print(kvferry.__file__); print(m.__file__)"
+    )
+    out = _run([str(venv / "bin" / "python"), "-c", code], tmp_path, env)
+    for line in out.stdout.split():
+        assert line.startswith(str(venv)), f"imported from outside the fresh venv: {line}"
