@@ -1,0 +1,233 @@
+"""The transfer engine and KV connector between real processes over real UCX (loopback), with the
+peer registry in a real redis-server."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+from kvferry.transfer import (
+    LayoutMismatchError,
+    PeerUnreachableError,
+    TransferConfig,
+    TransferEngine,
+    TransferError,
+    TransferRejectedError,
+    TransferTimeoutError,
+)
+from kvferry.transfer.kv_connector import (
+    DestinationHandle,
+    KVReceiver,
+    KVSender,
+    coalesce_block_runs,
+    pool_description,
+)
+
+from tests.support.peer_process import PeerProcess
+from tests.support.transfer_peer import block_digests, fill_random, make_pool
+
+NUM_BLOCKS = 256
+
+
+def _fragmented(rng: random.Random, count: int) -> list[int]:
+    """Block ids with gaps and short runs, the way a long-running pool hands them out."""
+    ids: list[int] = []
+    candidate = 1
+    while len(ids) < count:
+        run = rng.randint(1, 5)
+        ids.extend(range(candidate, min(candidate + run, NUM_BLOCKS)))
+        candidate += run + rng.randint(1, 4)
+    rng.shuffle(ids) if rng.random() < 0.5 else None
+    return ids[:count]
+
+
+@pytest.fixture
+def local_engine(redis_url, request):
+    engines = []
+
+    def start(name: str, dtype: str = "float32", **config) -> tuple[TransferEngine, object]:
+        pool = make_pool(dtype, NUM_BLOCKS)
+        engine = TransferEngine(TransferConfig(**config))
+        engine.initialize(f"{name}-{request.node.name}", redis_url, "ucx", pool=pool_description("tiny", pool))
+        engines.append(engine)
+        return engine, pool
+
+    yield start
+    for engine in engines:
+        engine.close()
+
+
+@pytest.fixture
+def peers():
+    started: list[PeerProcess] = []
+
+    def start(name: str, redis_url: str, **options) -> PeerProcess:
+        peer = PeerProcess(name, redis_url, **options)
+        started.append(peer)
+        return peer
+
+    yield start
+    for peer in started:
+        peer.close()
+
+
+def test_coalescing_pairs_runs_contiguous_on_both_sides():
+    assert coalesce_block_runs([4, 5, 6, 9, 10], [20, 21, 30, 31, 32]) == [(4, 20, 2), (6, 30, 1), (9, 31, 2)]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_fragmented_blocks_arrive_byte_identical(dtype, redis_url, local_engine, peers, request):
+    engine, pool = local_engine("prefill", dtype)
+    fill_random(pool, seed=11)
+    sender = KVSender(engine, pool, "tiny")
+    receiver_name = f"decode-{request.node.name}"
+    receiver = peers(receiver_name, redis_url, dtype=dtype)
+    rng = random.Random(dtype)
+    for round_index in range(3):
+        src = _fragmented(rng, 40)
+        dst = _fragmented(rng, 40)
+        handle = DestinationHandle.from_json(receiver.call("expect", request_id=f"r{round_index}", block_ids=dst)["handle"])
+        assert sender.send_blocks(f"r{round_index}", src, handle) == 40 * pool.block_bytes()
+        assert receiver.call("wait", request_id=f"r{round_index}")["arrived"]
+        assert receiver.call("digest", block_ids=dst)["digests"] == block_digests(pool, src)
+
+
+def test_only_blocks_the_decode_side_lacks_travel(redis_url, local_engine, peers, request):
+    engine, pool = local_engine("prefill")
+    fill_random(pool, seed=3)
+    sender = KVSender(engine, pool, "tiny")
+    receiver = peers(f"decode-{request.node.name}", redis_url)
+    prompt_blocks = [10, 11, 12, 13, 14, 15]
+    # The decode side already holds the first four blocks (an earlier turn); it reserves two.
+    handle = DestinationHandle.from_json(receiver.call("expect", request_id="turn2", block_ids=[40, 41], first_block=4)["handle"])
+    assert sender.send_blocks("turn2", prompt_blocks, handle) == 2 * pool.block_bytes()
+    assert receiver.call("wait", request_id="turn2")["arrived"]
+    assert receiver.call("digest", block_ids=[40, 41])["digests"] == block_digests(pool, [14, 15])
+    stats = receiver.call("stats")["stats"]
+    assert stats["leases_completed"] == 1
+
+
+def test_mismatched_pools_are_refused_naming_the_field(redis_url, local_engine, peers, request):
+    engine, pool = local_engine("prefill", "float16")
+    sender = KVSender(engine, pool, "tiny")
+    name = f"decode-{request.node.name}"
+    receiver = peers(name, redis_url, dtype="bfloat16")
+    with pytest.raises(LayoutMismatchError, match="dtype"):
+        sender.handshake(name)
+    handle = DestinationHandle.from_json(receiver.call("expect", request_id="x", block_ids=[1])["handle"])
+    with pytest.raises(LayoutMismatchError, match="dtype"):
+        sender.send_blocks("x", [1], handle)
+    other_size = receiver.call("expect", request_id="y", block_ids=[2])["handle"]
+    other_size["pool"].update(dtype="float16", block_size=32)
+    with pytest.raises(LayoutMismatchError, match="block_size"):
+        sender.send_blocks("y", [2], DestinationHandle.from_json(other_size))
+
+
+def test_receiver_that_stops_answering_fails_the_send_within_the_timeout(redis_url, local_engine, peers, request):
+    engine, pool = local_engine("prefill", timeout_seconds=2.0)
+    sender = KVSender(engine, pool, "tiny")
+    receiver = peers(f"decode-{request.node.name}", redis_url)
+    handle = DestinationHandle.from_json(receiver.call("expect", request_id="r", block_ids=list(range(1, 200)))["handle"])
+    receiver.pause()  # alive but silent: no ready, no done
+    started = time.monotonic()
+    with pytest.raises(TransferTimeoutError):
+        sender.send_blocks("r", list(range(1, 200)), handle)
+    assert time.monotonic() - started < 3.0
+    receiver.kill()
+
+
+def test_receiver_killed_mid_transfer_fails_fast_and_a_restarted_peer_works(redis_url, local_engine, peers, request):
+    engine, pool = local_engine("prefill", timeout_seconds=2.0)
+    fill_random(pool, seed=5)
+    sender = KVSender(engine, pool, "tiny")
+    name = f"decode-{request.node.name}"
+    receiver = peers(name, redis_url)
+    handle = DestinationHandle.from_json(receiver.call("expect", request_id="r", block_ids=list(range(1, 250)))["handle"])
+    future = engine.batch_transfer_write_async(
+        name, [pool.tensor.data_ptr()] * 64, [handle.base_address + pool.block_bytes()] * 64, [pool.block_bytes()] * 64, token=handle.token
+    )
+    receiver.kill()
+    started = time.monotonic()
+    with pytest.raises(TransferError):
+        future.result(timeout=5)
+    assert time.monotonic() - started < 3.0
+
+    restarted = peers(name, redis_url)  # same name, new worker address in the registry
+    new_handle = DestinationHandle.from_json(restarted.call("expect", request_id="again", block_ids=[7, 8])["handle"])
+    sender.send_blocks("again", [3, 4], new_handle)
+    assert restarted.call("wait", request_id="again")["arrived"]
+    assert restarted.call("digest", block_ids=[7, 8])["digests"] == block_digests(pool, [3, 4])
+
+
+def test_sender_killed_lets_the_lease_expire_and_frees_the_blocks(redis_url, local_engine, peers, request):
+    engine, pool = local_engine("decode")
+    expired: list[tuple[str, list[int]]] = []
+    receiver = KVReceiver(engine, pool, "tiny", lease_seconds=1.0, on_expired=lambda rid, blocks: expired.append((rid, blocks)))
+    sender = peers(f"prefill-{request.node.name}", redis_url)
+    started = time.monotonic()
+    handle = receiver.expect("r", [5, 6, 7])
+    sender.kill()  # dies before it sends anything
+    assert receiver.wait(handle) is False
+    assert 0.95 < time.monotonic() - started < 2.0
+    assert expired == [("r", [5, 6, 7])]
+    # A write that arrives for the expired lease is refused.
+    assert receiver._guard(handle.token, [(handle.base_address + 5 * pool.block_bytes(), pool.block_bytes())]) is not None
+
+
+def test_handshake_to_a_closed_peer_fails_fast(redis_url, local_engine, peers, request):
+    engine, pool = local_engine("prefill", handshake_timeout_seconds=1.0)
+    name = f"decode-{request.node.name}"
+    receiver = peers(name, redis_url)
+    engine.handshake(name)  # alive: answers
+    receiver.kill()  # its registry record stays behind, stale
+    started = time.monotonic()
+    with pytest.raises((TransferTimeoutError, PeerUnreachableError)):
+        engine.handshake(name)
+    assert time.monotonic() - started < 1.5
+    with pytest.raises(PeerUnreachableError, match="not in the registry"):
+        engine.handshake("nobody-by-this-name")
+
+
+def test_writes_outside_a_lease_or_with_a_stale_token_are_refused(redis_url, local_engine, peers, request):
+    engine, pool = local_engine("prefill")
+    sender = KVSender(engine, pool, "tiny")
+    receiver = peers(f"decode-{request.node.name}", redis_url)
+    handle = DestinationHandle.from_json(receiver.call("expect", request_id="r", block_ids=[20, 21])["handle"])
+    outside = DestinationHandle.from_json({**handle.to_json(), "block_ids": [22, 23]})
+    with pytest.raises(TransferRejectedError, match="outside the blocks reserved"):
+        sender.send_blocks("r", [1, 2], outside)
+    forged = DestinationHandle.from_json({**handle.to_json(), "token": "0" * 32})
+    with pytest.raises(TransferRejectedError, match="lease token"):
+        sender.send_blocks("r", [1, 2], forged)
+    sender.send_blocks("r", [1, 2], handle)
+    assert receiver.call("wait", request_id="r")["arrived"]
+    with pytest.raises(TransferRejectedError, match="lease token"):  # the lease completed: a replay is stale
+        sender.send_blocks("r", [1, 2], handle)
+    assert receiver.call("stats")["stats"]["rejected_writes"] == 3
+
+
+def test_malformed_and_duplicate_control_messages_do_no_harm(redis_url, local_engine, peers, request):
+    from kvferry.transfer import protocol
+    from kvferry.transfer.ucx import UcxWorker
+
+    engine, pool = local_engine("prefill")
+    name = f"decode-{request.node.name}"
+    receiver = peers(name, redis_url)
+    raw = UcxWorker()
+    endpoint = raw.connect(bytes.fromhex(str(engine.registry.lookup(name)["address"])))
+    garbage = [b"\x00\x00", b"\xff\xff\xff\x00{", protocol.encode("write", sender="x"), b"\x05\x00\x00\x00[1,2]"]
+    requests = [UcxWorker.send(endpoint, message, protocol.CONTROL_TAG) for message in garbage]
+    # A reply that matches no operation of the receiver (a duplicate or forged write_done).
+    requests.append(UcxWorker.send(endpoint, protocol.encode("write_done", sender="x", op=12345), protocol.CONTROL_TAG))
+    deadline = time.monotonic() + 5
+    while not all(r.completed for r in requests) and time.monotonic() < deadline:
+        raw.progress()
+    time.sleep(0.3)
+    stats = receiver.call("stats")["stats"]
+    assert stats["malformed_messages"] == 4
+    assert stats["duplicate_messages"] == 1
+    sender = KVSender(engine, pool, "tiny")  # and the peer still works
+    handle = DestinationHandle.from_json(receiver.call("expect", request_id="after", block_ids=[9])["handle"])
+    sender.send_blocks("after", [9], handle)
+    assert receiver.call("wait", request_id="after")["arrived"]

@@ -1,0 +1,53 @@
+"""Start and drive a tests.support.transfer_peer process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class PeerProcess:
+    def __init__(self, name: str, registry: str, **options: object) -> None:
+        args = [sys.executable, "-m", "tests.support.transfer_peer", "--name", name, "--registry", registry]
+        for key, value in options.items():
+            args += [f"--{key.replace('_', '-')}", str(value)]
+        env = {**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"}
+        self.process = subprocess.Popen(
+            args, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None if os.environ.get("KVFERRY_LOG_LEVEL") else subprocess.DEVNULL, text=True
+        )
+        ready = self._read()
+        assert ready.get("ready"), ready
+
+    def _read(self) -> dict:
+        line = self.process.stdout.readline()  # type: ignore[union-attr]
+        if not line:
+            raise RuntimeError(f"peer exited with {self.process.wait()}")
+        return json.loads(line)
+
+    def call(self, cmd: str, **fields: object) -> dict:
+        self.process.stdin.write(json.dumps({"cmd": cmd, **fields}) + "\n")  # type: ignore[union-attr]
+        self.process.stdin.flush()  # type: ignore[union-attr]
+        return self._read()
+
+    def pause(self) -> None:
+        os.kill(self.process.pid, signal.SIGSTOP)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            os.kill(self.process.pid, signal.SIGCONT)
+            try:
+                self.call("quit")
+                self.process.wait(timeout=5)
+            except (BrokenPipeError, RuntimeError, subprocess.TimeoutExpired):
+                self.kill()

@@ -1,0 +1,460 @@
+"""A transfer engine over UCX with the API of Mooncake's TransferEngine.
+
+    engine = TransferEngine()
+    engine.initialize("decode-0", "redis://127.0.0.1:6379/0", "ucx")
+    engine.register_memory(pool.data_ptr(), pool.nbytes)
+    engine.batch_transfer_write("decode-1", src_addrs, dst_addrs, lengths)   # 0, or a TransferError
+
+UCX offers no one-sided put through ucxx, so a write is a short exchange on the control tag: the writer
+names the destination ranges, the target checks them against its registered memory (and its write
+guard, which the KV connector uses for leases), posts receives straight into them and answers ready; the
+data then moves as one tagged message per range, zero-copy, and the target confirms with done. Every
+UCX call happens on one loop thread; callers get futures. Every operation has a deadline.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvferry.transfer import protocol
+from kvferry.transfer.config import TransferConfig
+from kvferry.transfer.errors import (
+    PeerUnreachableError,
+    TransferError,
+    TransferRejectedError,
+    TransferTimeoutError,
+)
+from kvferry.transfer.memory import MemoryRegistry
+from kvferry.transfer.registry import PeerRegistry, registry_from
+from kvferry.transfer.ucx import Request, UcxWorker, request_error
+
+log = logging.getLogger(__name__)
+
+PROTOCOLS = ("ucx",)
+MAX_RANGES_PER_BATCH = protocol.MAX_RANGES
+_INDEX_BITS = 20
+
+# A write guard sees (token, [(address, length), ...]) and returns None to accept or a reason to refuse.
+WriteGuard = Callable[[str | None, list[tuple[int, int]]], str | None]
+# Told (token, ranges, ok) when a write into this engine's memory completed or failed.
+WriteListener = Callable[[str | None, list[tuple[int, int]], bool], None]
+
+
+@dataclass
+class _Operation:
+    """One batch in flight; `requests` are polled, `keep` holds buffers UCX still reads or writes."""
+
+    peer: str
+    kind: str
+    deadline: float
+    future: Future[int] | None = None
+    requests: list[Request] = field(default_factory=list)
+    keep: list[object] = field(default_factory=list)
+    state: str = "requested"
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class TransferEngine:
+    def __init__(self, config: TransferConfig | None = None) -> None:
+        self.config = config or TransferConfig()
+        self.memory = MemoryRegistry()
+        self.write_guard: WriteGuard | None = None
+        self.on_write_finished: WriteListener | None = None
+        self.stats = {"malformed_messages": 0, "rejected_writes": 0, "duplicate_messages": 0, "bytes_sent": 0}
+        self.local_name = ""
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._ops = itertools.count(1)
+        self._outbound: dict[int, _Operation] = {}
+        self._inbound: dict[tuple[str, int], _Operation] = {}
+        self._endpoints: dict[str, tuple[bytes, Any]] = {}
+        self._control: list[tuple[Request, bytearray]] = []
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---- Mooncake-shaped API ----------------------------------------------------------------
+    def initialize(
+        self, local_name: str, metadata: str | PeerRegistry, protocol_name: str = "ucx", **record: object
+    ) -> int:
+        if protocol_name not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {PROTOCOLS} (UCX picks shm, CMA, TCP, RDMA or CUDA IPC)")
+        self.local_name = local_name
+        self.registry = registry_from(metadata)
+        self.worker = UcxWorker()
+        self.address = self.worker.address
+        self._record = record
+        self.publish(**record)
+        threading.Thread(target=self._heartbeat, name=f"kvferry-transfer-heartbeat-{local_name}", daemon=True).start()
+        for _ in range(self.config.control_receives):
+            self._post_control_receive()
+        self._thread = threading.Thread(target=self._loop, name=f"kvferry-transfer-{local_name}", daemon=True)
+        self._thread.start()
+        return 0
+
+    def publish(self, **record: object) -> None:
+        """(Re)publish this engine's record: its worker address plus whatever the caller adds."""
+        self.registry.publish(self.local_name, {"address": self.address.hex(), **record})
+
+    def _heartbeat(self) -> None:
+        # Registry records carry a TTL so that dead engines drop out; a live one keeps refreshing it.
+        while not self._closing.wait(self.config.heartbeat_seconds):
+            try:
+                self.publish(**self._record)
+            except Exception:  # noqa: BLE001 - Redis down: peers keep their cached endpoints meanwhile
+                log.warning("could not refresh the registry record of %s", self.local_name)
+
+    def register_memory(self, address: int, length: int, cuda: bool = False) -> int:
+        self._call(lambda: self.memory.register(address, length, cuda))
+        return 0
+
+    def unregister_memory(self, address: int) -> int:
+        self._call(lambda: self.memory.unregister(address))
+        return 0
+
+    def batch_transfer_write_async(
+        self, target: str, src_addrs: list[int], dst_addrs: list[int], lengths: list[int], token: str | None = None
+    ) -> Future[int]:
+        _check_batch(src_addrs, dst_addrs, lengths)
+        future: Future[int] = Future()
+        self._commands.put(lambda: self._start_write(target, src_addrs, dst_addrs, lengths, token, future))
+        return future
+
+    def batch_transfer_write(
+        self, target: str, src_addrs: list[int], dst_addrs: list[int], lengths: list[int], token: str | None = None
+    ) -> int:
+        return self.batch_transfer_write_async(target, src_addrs, dst_addrs, lengths, token).result()
+
+    def batch_transfer_read_async(
+        self, target: str, local_addrs: list[int], remote_addrs: list[int], lengths: list[int]
+    ) -> Future[int]:
+        _check_batch(local_addrs, remote_addrs, lengths)
+        future: Future[int] = Future()
+        self._commands.put(lambda: self._start_read(target, local_addrs, remote_addrs, lengths, future))
+        return future
+
+    def batch_transfer_read(self, target: str, local_addrs: list[int], remote_addrs: list[int], lengths: list[int]) -> int:
+        return self.batch_transfer_read_async(target, local_addrs, remote_addrs, lengths).result()
+
+    def handshake(self, target: str) -> int:
+        """Check that `target` answers; fails within the handshake timeout for a closed peer."""
+        future: Future[int] = Future()
+        self._commands.put(lambda: self._start_hello(target, future))
+        return future.result()
+
+    def close(self) -> None:
+        self._closing.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if getattr(self, "registry", None) is not None and self.local_name:
+            try:
+                self.registry.remove(self.local_name)
+            except Exception:  # noqa: BLE001 - a registry that is gone needs no cleanup
+                log.debug("registry removal failed for %s", self.local_name)
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def _call(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the loop thread (UCX and the op tables are single-threaded) and wait for it."""
+        if self._thread is None or threading.current_thread() is self._thread:
+            fn()
+            return
+        done: Future[None] = Future()
+
+        def run() -> None:
+            try:
+                fn()
+                done.set_result(None)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                done.set_exception(exc)
+
+        self._commands.put(run)
+        done.result()
+
+    @staticmethod
+    def _run_safely(fn: Callable[[], None]) -> None:
+        # The loop must outlive any one bad command or message; the failing operation reports through
+        # its own future where it has one.
+        try:
+            fn()
+        except Exception:
+            log.exception("transfer engine loop step failed")
+
+    def _loop(self) -> None:
+        while not self._closing.is_set():
+            while not self._commands.empty():
+                self._run_safely(self._commands.get())
+            self._run_safely(self._poll_control)
+            now = time.monotonic()
+            for key, op in list(self._outbound.items()):
+                self._poll_outbound(key, op, now)
+            for key, op in list(self._inbound.items()):
+                self._poll_inbound(key, op, now)
+            if self._outbound or self._inbound or not self._commands.empty():
+                self.worker.progress()
+            else:
+                self.worker.wait_for_events(self.config.idle_wait_ms)
+        for op in list(self._outbound.values()):
+            _fail(op, TransferError("transfer engine closed"))
+
+    # ---- endpoints and control messages -----------------------------------------------------
+    def _endpoint(self, peer: str, address: bytes | None = None, refresh: bool = False) -> Any:
+        """The cached endpoint to `peer`. A new operation passes refresh=True: the registry is asked for
+        the peer's current address, so a peer that restarted (new address) gets a new endpoint. Replies
+        inside an operation use the cache, or the address the peer sent."""
+        cached = self._endpoints.get(peer)
+        if address is None and (refresh or cached is None):
+            record = self.registry.lookup(peer)
+            if record is None:
+                raise PeerUnreachableError(f"peer {peer!r} is not in the registry")
+            address = bytes.fromhex(str(record["address"]))
+        if cached is not None and (address is None or cached[0] == address):
+            return cached[1]
+        endpoint = self.worker.connect(address)  # a restarted peer has a new address: a new endpoint
+        self._endpoints[peer] = (address, endpoint)
+        return endpoint
+
+    def _drop_endpoint(self, peer: str) -> None:
+        cached = self._endpoints.pop(peer, None)
+        if cached is not None:
+            cached[1].close()  # cancels the requests still tied to it
+
+    def _send_control(self, peer: str, track: _Operation | None, kind: str, refresh: bool = False, **fields: Any) -> None:
+        """Send a control message; `track` (the operation it belongs to) keeps it alive and polls it;
+        `refresh` (a new operation) asks the registry for the peer's current address first."""
+        message = protocol.encode(kind, sender=self.local_name, **fields)
+        request = UcxWorker.send(self._endpoint(peer, refresh=refresh), message, protocol.CONTROL_TAG)
+        if track is not None:
+            track.requests.append(request)
+            track.keep.append(message)
+
+    def _post_control_receive(self) -> None:
+        buffer = bytearray(protocol.CONTROL_BUFFER_BYTES)
+        self._control.append((self.worker.recv_any(buffer, protocol.CONTROL_TAG), buffer))
+
+    def _poll_control(self) -> None:
+        pending = []
+        for request, buffer in self._control:
+            if not request.completed:
+                pending.append((request, buffer))
+                continue
+            if request_error(request) is None:
+                try:
+                    self._handle(protocol.decode(memoryview(buffer)))
+                except protocol.MalformedMessage as exc:
+                    self.stats["malformed_messages"] += 1
+                    log.warning("dropped a malformed control message: %s", exc)
+        self._control = pending
+        while len(self._control) < self.config.control_receives and not self._closing.is_set():
+            self._post_control_receive()
+
+    def _handle(self, message: protocol.ControlMessage) -> None:
+        log.debug("%s <- %s op %s from %s", self.local_name, message.kind, message.fields.get("op"), message.fields.get("sender"))
+        handler = getattr(self, f"_on_{message.kind}")
+        handler(message)
+
+    # ---- writes -----------------------------------------------------------------------------
+    def _start_write(self, target: str, src: list[int], dst: list[int], lengths: list[int], token: str | None, future: Future[int]) -> None:
+        op = _Operation(target, "write", time.monotonic() + self.config.timeout_seconds, future)
+        op_id = next(self._ops)
+        try:
+            op.keep.extend(self.memory.buffer(a, n) for a, n in zip(src, lengths, strict=True))
+        except ValueError as exc:
+            future.set_exception(TransferRejectedError(f"source {exc}"))
+            return
+        op.data = {"lengths": lengths, "tag_base": random.getrandbits(40) << _INDEX_BITS}
+        self._outbound[op_id] = op
+        self._guarded(op_id, op, lambda: self._send_control(
+            target, op, "write", refresh=True, address=self.address.hex(), op=op_id, tag_base=op.data["tag_base"],
+            ranges=[[a, n] for a, n in zip(dst, lengths, strict=True)], token=token,
+        ))
+
+    def _guarded(self, key: int, op: _Operation, action: Callable[[], None]) -> None:
+        try:
+            action()
+        except TransferError as exc:
+            self._outbound.pop(key, None)
+            _fail(op, exc)
+
+    def _on_write_ready(self, message: protocol.ControlMessage) -> None:
+        op = self._expect_outbound(message, "write", "requested")
+        if op is None:
+            return
+        endpoint = self._endpoint(op.peer)
+        sources = op.keep[: len(op.data["lengths"])]
+        for index, buffer in enumerate(sources):
+            op.requests.append(UcxWorker.send(endpoint, buffer, op.data["tag_base"] | index))
+        op.state = "sending"
+
+    def _on_write_done(self, message: protocol.ControlMessage) -> None:
+        op = self._expect_outbound(message, "write", "sending")
+        if op is not None:
+            op.state = "confirmed"
+
+    def _on_write_reject(self, message: protocol.ControlMessage) -> None:
+        op = self._expect_outbound(message, "write", "requested")
+        if op is not None:
+            del self._outbound[message["op"]]
+            _fail(op, TransferRejectedError(f"{op.peer} refused the write: {message['reason']}"))
+
+    def _expect_outbound(self, message: protocol.ControlMessage, kind: str, state: str) -> _Operation | None:
+        """The operation a reply is for, if it is in the state that reply may come in; else None.
+        Late, repeated or forged replies are counted and ignored."""
+        op = self._outbound.get(message["op"])
+        if op is None or op.kind != kind or op.peer != message["sender"] or op.state != state:
+            self.stats["duplicate_messages"] += 1
+            return None
+        return op
+
+    def _poll_outbound(self, key: int, op: _Operation, now: float) -> None:
+        for request in op.requests:
+            if request.completed and (error := request_error(request)) is not None:
+                self._outbound.pop(key, None)
+                self._drop_endpoint(op.peer)
+                _fail(op, PeerUnreachableError(f"{op.kind} with {op.peer} failed: {error}"))
+                return
+        # A write is over once its sends completed and the target confirmed; a read once its receives
+        # completed; a hello once acknowledged.
+        finished = all(r.completed for r in op.requests) and op.state == {"write": "confirmed", "read": "requested", "hello": "acked"}[op.kind]
+        if finished:
+            self._outbound.pop(key, None)
+            self.stats["bytes_sent"] += sum(op.data.get("lengths", [])) if op.kind == "write" else 0
+            if op.future is not None and not op.future.done():
+                op.future.set_result(0)
+        elif now > op.deadline:
+            self._outbound.pop(key, None)
+            self._drop_endpoint(op.peer)
+            _fail(op, TransferTimeoutError(f"{op.kind} with {op.peer} did not finish in time (state {op.state})"))
+
+    def _on_write(self, message: protocol.ControlMessage) -> None:
+        sender, op_id = message["sender"], message["op"]
+        if (sender, op_id) in self._inbound:
+            self.stats["duplicate_messages"] += 1
+            return
+        ranges = [(a, n) for a, n in message["ranges"]]
+        reason = self._refusal(message["token"], ranges)
+        address = bytes.fromhex(message["address"])
+        if reason is not None:
+            self.stats["rejected_writes"] += 1
+            self._endpoint(sender, address)
+            self._send_control(sender, None, "write_reject", op=op_id, reason=reason)
+            return
+        op = _Operation(sender, "inbound_write", time.monotonic() + self.config.timeout_seconds)
+        op.data = {"token": message["token"], "ranges": ranges}
+        endpoint = self._endpoint(sender, address)
+        for index, (addr, length) in enumerate(ranges):
+            buffer = self.memory.buffer(addr, length)
+            op.keep.append(buffer)
+            op.requests.append(UcxWorker.recv(endpoint, buffer, message["tag_base"] | index))
+        self._inbound[(sender, op_id)] = op
+        self._send_control(sender, None, "write_ready", op=op_id)
+
+    def _refusal(self, token: str | None, ranges: list[tuple[int, int]]) -> str | None:
+        for address, length in ranges:
+            if self.memory.find(address, length) is None:
+                return f"range {address:#x}+{length} is not registered memory"
+        if self.write_guard is not None:
+            return self.write_guard(token, ranges)
+        return None
+
+    def _poll_inbound(self, key: tuple[str, int], op: _Operation, now: float) -> None:
+        failed = any(r.completed and request_error(r) is not None for r in op.requests)
+        expired = now > op.deadline
+        if op.kind == "inbound_write" and not failed and all(r.completed for r in op.requests):
+            del self._inbound[key]
+            self._send_control(op.peer, None, "write_done", op=key[1])
+            self._notify(op.data, True)
+        elif op.kind == "inbound_read" and not failed and all(r.completed for r in op.requests):
+            del self._inbound[key]
+        elif failed or expired:
+            del self._inbound[key]
+            self._drop_endpoint(op.peer)  # cancels whatever receive is still posted into our memory
+            if op.kind == "inbound_write":
+                self._notify(op.data, False)
+
+    def _notify(self, write: dict[str, Any], ok: bool) -> None:
+        if self.on_write_finished is not None:
+            self.on_write_finished(write["token"], write["ranges"], ok)
+
+    # ---- reads ------------------------------------------------------------------------------
+    def _start_read(self, target: str, local: list[int], remote: list[int], lengths: list[int], future: Future[int]) -> None:
+        op = _Operation(target, "read", time.monotonic() + self.config.timeout_seconds, future)
+        op_id = next(self._ops)
+        tag_base = random.getrandbits(40) << _INDEX_BITS
+        op.data = {"lengths": lengths}
+
+        def begin() -> None:
+            endpoint = self._endpoint(target, refresh=True)
+            for index, (addr, length) in enumerate(zip(local, lengths, strict=True)):
+                buffer = self.memory.buffer(addr, length)
+                op.keep.append(buffer)
+                op.requests.append(UcxWorker.recv(endpoint, buffer, tag_base | index))
+            self._send_control(target, op, "read", address=self.address.hex(), op=op_id, tag_base=tag_base,
+                               ranges=[[a, n] for a, n in zip(remote, lengths, strict=True)])
+
+        self._outbound[op_id] = op
+        try:
+            self._guarded(op_id, op, begin)
+        except ValueError as exc:
+            self._outbound.pop(op_id, None)
+            future.set_exception(TransferRejectedError(f"destination {exc}"))
+
+    def _on_read(self, message: protocol.ControlMessage) -> None:
+        sender, op_id = message["sender"], message["op"]
+        endpoint = self._endpoint(sender, bytes.fromhex(message["address"]))
+        ranges = [(a, n) for a, n in message["ranges"]]
+        unregistered = [r for r in ranges if self.memory.find(*r) is None]
+        if (sender, op_id) in self._inbound or unregistered:
+            reason = f"range {unregistered[0][0]:#x}+{unregistered[0][1]} is not registered memory" if unregistered else "duplicate"
+            self._send_control(sender, None, "read_reject", op=op_id, reason=reason)
+            return
+        op = _Operation(sender, "inbound_read", time.monotonic() + self.config.timeout_seconds)
+        for index, (addr, length) in enumerate(ranges):
+            buffer = self.memory.buffer(addr, length)
+            op.keep.append(buffer)
+            op.requests.append(UcxWorker.send(endpoint, buffer, message["tag_base"] | index))
+        self._inbound[(sender, op_id)] = op
+
+    def _on_read_reject(self, message: protocol.ControlMessage) -> None:
+        op = self._expect_outbound(message, "read", "requested")
+        if op is not None:
+            del self._outbound[message["op"]]
+            self._drop_endpoint(op.peer)  # cancels the receives we posted for it
+            _fail(op, TransferRejectedError(f"{op.peer} refused the read: {message['reason']}"))
+
+    # ---- hello ------------------------------------------------------------------------------
+    def _start_hello(self, target: str, future: Future[int]) -> None:
+        op = _Operation(target, "hello", time.monotonic() + self.config.handshake_timeout_seconds, future)
+        op_id = next(self._ops)
+        self._outbound[op_id] = op
+        self._guarded(op_id, op, lambda: self._send_control(
+            target, op, "hello", refresh=True, address=self.address.hex(), op=op_id))
+
+    def _on_hello(self, message: protocol.ControlMessage) -> None:
+        self._endpoint(message["sender"], bytes.fromhex(message["address"]))
+        self._send_control(message["sender"], None, "hello_ack", op=message["op"])
+
+    def _on_hello_ack(self, message: protocol.ControlMessage) -> None:
+        op = self._expect_outbound(message, "hello", "requested")
+        if op is not None:
+            op.state = "acked"
+
+
+def _fail(op: _Operation, error: TransferError) -> None:
+    if op.future is not None and not op.future.done():
+        op.future.set_exception(error)
+
+
+def _check_batch(first: list[int], second: list[int], lengths: list[int]) -> None:
+    if not (len(first) == len(second) == len(lengths)):
+        raise ValueError(f"address and length lists differ in size: {len(first)}, {len(second)}, {len(lengths)}")
+    if len(lengths) > MAX_RANGES_PER_BATCH:
+        raise ValueError(f"a batch holds at most {MAX_RANGES_PER_BATCH} ranges, got {len(lengths)}")
+    if any(n <= 0 for n in lengths):
+        raise ValueError("every length must be positive")

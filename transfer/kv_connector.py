@@ -1,0 +1,218 @@
+"""Moves a request's KV blocks from a prefill node's pool into a decode node's pool.
+
+The decode side reserves blocks and `expect`s them: that opens a lease (a token, the byte ranges of
+exactly those blocks, a deadline) and returns a handle the router hands to the prefill side. The prefill
+side `send_blocks`: it checks the two pools agree, pairs its blocks with the reserved ones, coalesces
+runs that are contiguous on both sides into single messages, and writes them with the lease's token.
+The decode side's write guard accepts only writes inside an open lease; when every reserved block has
+arrived the lease completes (the blocks become the request's), and a lease that ends first is expired:
+its blocks are the caller's to free, and late writes for it are refused.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from kvferry.kvcache.kv_pool import KVPool
+from kvferry.transfer.engine import TransferEngine
+from kvferry.transfer.errors import LayoutMismatchError
+
+# What two pools must agree on, in the order a mismatch is reported.
+COMPATIBILITY_FIELDS = ("model", "dtype", "block_size", "layout", "num_layers", "num_kv_heads", "head_dim")
+
+
+def pool_description(model: str, pool: KVPool) -> dict[str, object]:
+    return {"model": model, **pool.layout.as_dict()}
+
+
+def check_compatible(local: dict[str, object], remote: dict[str, object], peer: str) -> None:
+    for name in COMPATIBILITY_FIELDS:
+        if local.get(name) != remote.get(name):
+            raise LayoutMismatchError(
+                f"KV pools of {peer!r} and this node differ in {name}: {remote.get(name)!r} there, {local.get(name)!r} here"
+            )
+
+
+def coalesce_block_runs(src_blocks: Sequence[int], dst_blocks: Sequence[int]) -> list[tuple[int, int, int]]:
+    """(src_start, dst_start, count) for maximal runs consecutive on both sides, in order."""
+    if len(src_blocks) != len(dst_blocks):
+        raise ValueError(f"{len(src_blocks)} source blocks for {len(dst_blocks)} destination blocks")
+    runs: list[tuple[int, int, int]] = []
+    for src, dst in zip(src_blocks, dst_blocks, strict=True):
+        if runs and runs[-1][0] + runs[-1][2] == src and runs[-1][1] + runs[-1][2] == dst:
+            runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + 1)
+        else:
+            runs.append((src, dst, 1))
+    return runs
+
+
+@dataclass(frozen=True)
+class DestinationHandle:
+    """What the prefill side needs to write into reserved blocks (the router passes it along as JSON)."""
+
+    node: str
+    request_id: str
+    token: str
+    block_ids: list[int]
+    # The decode side already holds this many leading blocks of the prompt (multi-turn): they don't travel.
+    first_block: int
+    pool: dict[str, object]
+    base_address: int  # of the destination pool, to which block offsets are added
+    lease_deadline: float  # time.time() on the decode node
+
+    def to_json(self) -> dict[str, object]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, object]) -> DestinationHandle:
+        return cls(**raw)  # type: ignore[arg-type]
+
+
+@dataclass
+class _Lease:
+    request_id: str
+    block_ids: list[int]
+    ranges: list[tuple[int, int]]
+    deadline: float
+    missing: set[int] = field(default_factory=set)
+    done: threading.Event = field(default_factory=threading.Event)
+    ok: bool = False
+
+
+class KVReceiver:
+    """The decode side: leases over reserved blocks, enforced by the engine's write guard."""
+
+    def __init__(
+        self,
+        engine: TransferEngine,
+        pool: KVPool,
+        model: str,
+        lease_seconds: float = 5.0,
+        on_expired: Callable[[str, list[int]], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self.pool = pool
+        self.model = model
+        self.lease_seconds = lease_seconds
+        self.on_expired = on_expired
+        self.block_bytes = pool.block_bytes()
+        self.base = pool.tensor.data_ptr()
+        self._leases: dict[str, _Lease] = {}
+        self._lock = threading.Lock()
+        self.stats = {"leases_expired": 0, "leases_completed": 0}
+        engine.register_memory(self.base, pool.tensor.numel() * pool.tensor.element_size(), pool.tensor.is_cuda)
+        engine.write_guard = self._guard
+        engine.on_write_finished = self._finished
+
+    def expect(self, request_id: str, block_ids: list[int], first_block: int = 0) -> DestinationHandle:
+        token = secrets.token_hex(16)
+        ranges = [(self.base + src * self.block_bytes, count * self.block_bytes) for src, _, count in coalesce_block_runs(block_ids, block_ids)]
+        lease = _Lease(request_id, list(block_ids), ranges, time.monotonic() + self.lease_seconds, set(block_ids))
+        if not block_ids:
+            lease.ok = True
+            lease.done.set()
+        with self._lock:
+            self._leases[token] = lease
+        return DestinationHandle(
+            node=self.engine.local_name,
+            request_id=request_id,
+            token=token,
+            block_ids=list(block_ids),
+            first_block=first_block,
+            pool=pool_description(self.model, self.pool),
+            base_address=self.base,
+            lease_deadline=time.time() + self.lease_seconds,
+        )
+
+    def wait(self, handle: DestinationHandle, timeout: float | None = None) -> bool:
+        """True once every reserved block arrived; False when the lease ended first (blocks are then
+        reported through on_expired and the caller frees them)."""
+        lease = self._leases.get(handle.token)
+        if lease is None:
+            return False
+        remaining = lease.deadline - time.monotonic()
+        wait_for = remaining if timeout is None else min(timeout, remaining)
+        if not lease.done.wait(max(0.0, wait_for)):
+            self.expire_due()
+        return lease.ok
+
+    def release(self, handle: DestinationHandle) -> None:
+        """Forget a lease (completed and consumed, or aborted): later writes for it are refused."""
+        with self._lock:
+            self._leases.pop(handle.token, None)
+
+    def expire_due(self) -> list[str]:
+        """End every lease past its deadline; returns their request ids."""
+        now = time.monotonic()
+        with self._lock:
+            due = [(token, lease) for token, lease in self._leases.items() if not lease.ok and lease.deadline <= now]
+            for token, _ in due:
+                del self._leases[token]
+        for _, lease in due:
+            self.stats["leases_expired"] += 1
+            lease.done.set()
+            if self.on_expired is not None:
+                self.on_expired(lease.request_id, lease.block_ids)
+        return [lease.request_id for _, lease in due]
+
+    def _guard(self, token: str | None, ranges: list[tuple[int, int]]) -> str | None:
+        with self._lock:
+            lease = self._leases.get(token or "")
+            if lease is None or lease.ok or lease.deadline <= time.monotonic():
+                return "unknown, completed or expired lease token"
+            for address, length in ranges:
+                if not any(start <= address and address + length <= start + size for start, size in lease.ranges):
+                    return f"range {address:#x}+{length} is outside the blocks reserved for {lease.request_id}"
+            return None
+
+    def _finished(self, token: str | None, ranges: list[tuple[int, int]], ok: bool) -> None:
+        with self._lock:
+            lease = self._leases.get(token or "")
+            if lease is None or not ok:
+                return
+            for address, length in ranges:  # inside the lease: the guard admitted nothing else
+                first = (address - self.base) // self.block_bytes
+                lease.missing.difference_update(range(first, first + length // self.block_bytes))
+            if lease.missing:
+                return
+            lease.ok = True
+        self.stats["leases_completed"] += 1
+        lease.done.set()
+
+
+class KVSender:
+    """The prefill side: sends a request's blocks straight from its pool into the reserved ones."""
+
+    def __init__(self, engine: TransferEngine, pool: KVPool, model: str) -> None:
+        self.engine = engine
+        self.pool = pool
+        self.model = model
+        self.block_bytes = pool.block_bytes()
+        self.base = pool.tensor.data_ptr()
+        self.description = pool_description(model, pool)
+        engine.register_memory(self.base, pool.tensor.numel() * pool.tensor.element_size(), pool.tensor.is_cuda)
+
+    def handshake(self, peer: str) -> None:
+        """Check that `peer` answers and that its published pool matches ours (errors name the field)."""
+        record = self.engine.registry.lookup(peer) or {}
+        check_compatible(self.description, record.get("pool", {}), peer)  # type: ignore[arg-type]
+        self.engine.handshake(peer)
+
+    def send_blocks(self, request_id: str, src_block_ids: Sequence[int], handle: DestinationHandle) -> int:
+        """Write the prompt's blocks from `handle.first_block` on; returns the bytes sent."""
+        if handle.request_id != request_id:
+            raise ValueError(f"handle is for request {handle.request_id!r}, not {request_id!r}")
+        check_compatible(self.description, handle.pool, handle.node)
+        src = list(src_block_ids)[handle.first_block :]
+        runs = coalesce_block_runs(src, handle.block_ids)
+        if not runs:
+            return 0
+        src_addrs = [self.base + s * self.block_bytes for s, _, _ in runs]
+        dst_addrs = [handle.base_address + d * self.block_bytes for _, d, _ in runs]
+        lengths = [count * self.block_bytes for _, _, count in runs]
+        self.engine.batch_transfer_write(handle.node, src_addrs, dst_addrs, lengths, token=handle.token)
+        return sum(lengths)

@@ -1,0 +1,58 @@
+"""Registered memory regions, and buffers made from raw (address, length) pairs for UCX."""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Region:
+    address: int
+    length: int
+    cuda: bool
+
+    def holds(self, address: int, length: int) -> bool:
+        return self.address <= address and address + length <= self.address + self.length
+
+
+class _CudaBuffer:
+    """Describes device memory to ucxx the way CuPy or torch would, without either."""
+
+    def __init__(self, address: int, length: int) -> None:
+        self.__cuda_array_interface__ = {
+            "data": (address, False),
+            "shape": (length,),
+            "typestr": "|u1",
+            "strides": None,
+            "version": 3,
+        }
+
+
+class MemoryRegistry:
+    def __init__(self) -> None:
+        self.regions: dict[int, Region] = {}
+
+    def register(self, address: int, length: int, cuda: bool = False) -> None:
+        if address <= 0 or length <= 0:
+            raise ValueError(f"cannot register address {address:#x} with length {length}")
+        self.regions[address] = Region(address, length, cuda)
+
+    def unregister(self, address: int) -> None:
+        if self.regions.pop(address, None) is None:
+            raise KeyError(f"no region registered at {address:#x}")
+
+    def find(self, address: int, length: int) -> Region | None:
+        for region in self.regions.values():
+            if region.holds(address, length):
+                return region
+        return None
+
+    def buffer(self, address: int, length: int) -> object:
+        """A buffer object over registered memory; raises if the range is not registered."""
+        region = self.find(address, length)
+        if region is None:
+            raise ValueError(f"range {address:#x}+{length} is not inside registered memory")
+        if region.cuda:
+            return _CudaBuffer(address, length)
+        return (ctypes.c_ubyte * length).from_address(address)

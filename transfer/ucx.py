@@ -1,0 +1,59 @@
+"""The slice of ucxx the transfer engine uses: one worker, endpoints by worker address, tagged messages.
+
+Why endpoints are made without UCX's peer error handling: with UCP_ERR_HANDLING_MODE_PEER, UCX 1.21
+leaves out every transport that cannot report a peer failure, which on one host is all of the fast
+ones (posix and sysv shared memory, CMA); the endpoint then wires to tcp/lo only (UCX_PROTO_INFO=y shows
+it). Without it, the same worker address gives CMA zero-copy rendezvous between two processes. Peer
+failure is then the transfer engine's job: every operation has a deadline, and a send to a dead peer
+completes with an error rather than hanging (both checked by tests/integration/test_transfer_*.py).
+"""
+
+from __future__ import annotations
+
+from ucxx._lib import libucxx as ucx
+from ucxx._lib.arr import Array
+
+Request = ucx.UCXRequest
+
+
+class UcxWorker:
+    def __init__(self) -> None:
+        self.context = ucx.UCXContext(feature_flags=(ucx.Feature.TAG, ucx.Feature.WAKEUP))
+        self.worker = ucx.UCXWorker(self.context)
+        self.worker.init_blocking_progress_mode()
+
+    @property
+    def address(self) -> bytes:
+        return bytes(memoryview(self.worker.address))
+
+    def connect(self, address: bytes) -> ucx.UCXEndpoint:
+        remote = ucx.UCXAddress.create_from_buffer(address)
+        return ucx.UCXEndpoint.create_from_worker_address(self.worker, remote, False)
+
+    def progress(self) -> None:
+        self.worker.progress()
+
+    def wait_for_events(self, timeout_ms: int) -> None:
+        """Sleep until the network has something for us or `timeout_ms` passes (no busy polling)."""
+        self.worker.progress_worker_event(epoll_timeout=timeout_ms)
+
+    def recv_any(self, buffer: memoryview | object, tag: int) -> Request:
+        """A receive matching `tag` from any peer (control messages)."""
+        return self.worker.tag_recv(Array(buffer), ucx.UCXXTag(tag), ucx.UCXXTagMaskFull)
+
+    @staticmethod
+    def send(endpoint: ucx.UCXEndpoint, buffer: object, tag: int) -> Request:
+        return endpoint.tag_send(Array(buffer), ucx.UCXXTag(tag))
+
+    @staticmethod
+    def recv(endpoint: ucx.UCXEndpoint, buffer: object, tag: int) -> Request:
+        """A receive tied to `endpoint`, so closing the endpoint cancels it."""
+        return endpoint.tag_recv(Array(buffer), ucx.UCXXTag(tag), ucx.UCXXTagMaskFull)
+
+
+def request_error(request: Request) -> BaseException | None:
+    try:
+        request.check_error()
+    except Exception as exc:  # noqa: BLE001 - ucxx raises its own error classes; callers type them
+        return exc
+    return None
