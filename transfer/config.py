@@ -16,5 +16,10 @@ class TransferConfig:
     idle_wait_ms: int = 1
     # How often the engine refreshes its registry record (whose TTL is longer).
     heartbeat_seconds: float = 5.0
+    # UCX 1.21 moves a scatter-gather message by zero-copy rendezvous (the receiver pulls the sender's
+    # ranges through CMA or RDMA READ) only up to a small number of entries; past that it falls back to
+    # eager copies through shared memory in 8 KiB fragments, several times slower. Host-memory batches
+    # are cut into messages of at most this many ranges.
+    max_ranges_per_message: int = 16
     # Control receives kept posted, so that several peers can talk at once.
     control_receives: int = 8

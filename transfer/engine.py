@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvferry.transfer import protocol
+from kvferry.transfer import protocol, ucp_iov
 from kvferry.transfer.config import TransferConfig
 from kvferry.transfer.errors import (
     PeerUnreachableError,
@@ -61,6 +61,21 @@ class _Operation:
     keep: list[object] = field(default_factory=list)
     state: str = "requested"
     data: dict[str, Any] = field(default_factory=dict)
+    checked: int = 0  # requests[:checked] completed without error
+
+    def scan(self) -> BaseException | None:
+        """Advance over completed requests in order; returns the first error met. Scanning resumes where
+        it stopped, so a batch of n messages costs O(n) over its life, not O(n) per loop turn."""
+        while self.checked < len(self.requests) and self.requests[self.checked].completed:
+            error = request_error(self.requests[self.checked])
+            if error is not None:
+                return error
+            self.checked += 1
+        return None
+
+    @property
+    def all_completed(self) -> bool:
+        return self.checked == len(self.requests)
 
 
 class TransferEngine:
@@ -123,6 +138,7 @@ class TransferEngine:
         self, target: str, src_addrs: list[int], dst_addrs: list[int], lengths: list[int], token: str | None = None
     ) -> Future[int]:
         _check_batch(src_addrs, dst_addrs, lengths)
+        src_addrs, dst_addrs, lengths = merge_adjacent(src_addrs, dst_addrs, lengths)
         future: Future[int] = Future()
         self._commands.put(lambda: self._start_write(target, src_addrs, dst_addrs, lengths, token, future))
         return future
@@ -136,6 +152,7 @@ class TransferEngine:
         self, target: str, local_addrs: list[int], remote_addrs: list[int], lengths: list[int]
     ) -> Future[int]:
         _check_batch(local_addrs, remote_addrs, lengths)
+        local_addrs, remote_addrs, lengths = merge_adjacent(local_addrs, remote_addrs, lengths)
         future: Future[int] = Future()
         self._commands.put(lambda: self._start_read(target, local_addrs, remote_addrs, lengths, future))
         return future
@@ -263,16 +280,17 @@ class TransferEngine:
     def _start_write(self, target: str, src: list[int], dst: list[int], lengths: list[int], token: str | None, future: Future[int]) -> None:
         op = _Operation(target, "write", time.monotonic() + self.config.timeout_seconds, future)
         op_id = next(self._ops)
-        try:
-            op.keep.extend(self.memory.buffer(a, n) for a, n in zip(src, lengths, strict=True))
-        except ValueError as exc:
-            future.set_exception(TransferRejectedError(f"source {exc}"))
+        sources = list(zip(src, lengths, strict=True))
+        unregistered = [r for r in sources if self.memory.find(*r) is None]
+        if unregistered:
+            future.set_exception(TransferRejectedError(f"source range {unregistered[0][0]:#x}+{unregistered[0][1]} is not registered"))
             return
-        op.data = {"lengths": lengths, "tag_base": random.getrandbits(40) << _INDEX_BITS}
+        host_only = not any(self.memory.find(*r).cuda for r in sources)  # type: ignore[union-attr]
+        op.data = {"lengths": lengths, "sources": sources, "tag_base": random.getrandbits(40) << _INDEX_BITS}
         self._outbound[op_id] = op
         self._guarded(op_id, op, lambda: self._send_control(
             target, op, "write", refresh=True, address=self.address.hex(), op=op_id, tag_base=op.data["tag_base"],
-            ranges=[[a, n] for a, n in zip(dst, lengths, strict=True)], token=token,
+            ranges=[[a, n] for a, n in zip(dst, lengths, strict=True)], token=token, iov=host_only,
         ))
 
     def _guarded(self, key: int, op: _Operation, action: Callable[[], None]) -> None:
@@ -286,10 +304,7 @@ class TransferEngine:
         op = self._expect_outbound(message, "write", "requested")
         if op is None:
             return
-        endpoint = self._endpoint(op.peer)
-        sources = op.keep[: len(op.data["lengths"])]
-        for index, buffer in enumerate(sources):
-            op.requests.append(UcxWorker.send(endpoint, buffer, op.data["tag_base"] | index))
+        self._send_data(op, self._endpoint(op.peer), op.data["sources"], op.data["tag_base"], message["iov"])
         op.state = "sending"
 
     def _on_write_done(self, message: protocol.ControlMessage) -> None:
@@ -313,15 +328,16 @@ class TransferEngine:
         return op
 
     def _poll_outbound(self, key: int, op: _Operation, now: float) -> None:
-        for request in op.requests:
-            if request.completed and (error := request_error(request)) is not None:
-                self._outbound.pop(key, None)
-                self._drop_endpoint(op.peer)
-                _fail(op, PeerUnreachableError(f"{op.kind} with {op.peer} failed: {error}"))
-                return
+        error = op.scan()
+        if error is not None:
+            self._outbound.pop(key, None)
+            _cancel(op)
+            self._drop_endpoint(op.peer)
+            _fail(op, PeerUnreachableError(f"{op.kind} with {op.peer} failed: {error}"))
+            return
         # A write is over once its sends completed and the target confirmed; a read once its receives
         # completed; a hello once acknowledged.
-        finished = all(r.completed for r in op.requests) and op.state == {"write": "confirmed", "read": "requested", "hello": "acked"}[op.kind]
+        finished = op.all_completed and op.state == {"write": "confirmed", "read": "requested", "hello": "acked"}[op.kind]
         if finished:
             self._outbound.pop(key, None)
             self.stats["bytes_sent"] += sum(op.data.get("lengths", [])) if op.kind == "write" else 0
@@ -329,6 +345,7 @@ class TransferEngine:
                 op.future.set_result(0)
         elif now > op.deadline:
             self._outbound.pop(key, None)
+            _cancel(op)
             self._drop_endpoint(op.peer)
             _fail(op, TransferTimeoutError(f"{op.kind} with {op.peer} did not finish in time (state {op.state})"))
 
@@ -347,13 +364,11 @@ class TransferEngine:
             return
         op = _Operation(sender, "inbound_write", time.monotonic() + self.config.timeout_seconds)
         op.data = {"token": message["token"], "ranges": ranges}
-        endpoint = self._endpoint(sender, address)
-        for index, (addr, length) in enumerate(ranges):
-            buffer = self.memory.buffer(addr, length)
-            op.keep.append(buffer)
-            op.requests.append(UcxWorker.recv(endpoint, buffer, message["tag_base"] | index))
+        # One scatter-gather message when both sides are host memory; one message per range otherwise.
+        iov = message["iov"] and not any(self.memory.find(*r).cuda for r in ranges)  # type: ignore[union-attr]
+        self._receive_data(op, self._endpoint(sender, address), ranges, message["tag_base"], iov)
         self._inbound[(sender, op_id)] = op
-        self._send_control(sender, None, "write_ready", op=op_id)
+        self._send_control(sender, None, "write_ready", op=op_id, iov=iov)
 
     def _refusal(self, token: str | None, ranges: list[tuple[int, int]]) -> str | None:
         for address, length in ranges:
@@ -364,16 +379,17 @@ class TransferEngine:
         return None
 
     def _poll_inbound(self, key: tuple[str, int], op: _Operation, now: float) -> None:
-        failed = any(r.completed and request_error(r) is not None for r in op.requests)
+        failed = op.scan() is not None
         expired = now > op.deadline
-        if op.kind == "inbound_write" and not failed and all(r.completed for r in op.requests):
+        if op.kind == "inbound_write" and not failed and op.all_completed:
             del self._inbound[key]
             self._send_control(op.peer, None, "write_done", op=key[1])
             self._notify(op.data, True)
-        elif op.kind == "inbound_read" and not failed and all(r.completed for r in op.requests):
+        elif op.kind == "inbound_read" and not failed and op.all_completed:
             del self._inbound[key]
         elif failed or expired:
             del self._inbound[key]
+            _cancel(op)
             self._drop_endpoint(op.peer)  # cancels whatever receive is still posted into our memory
             if op.kind == "inbound_write":
                 self._notify(op.data, False)
@@ -381,6 +397,27 @@ class TransferEngine:
     def _notify(self, write: dict[str, Any], ok: bool) -> None:
         if self.on_write_finished is not None:
             self.on_write_finished(write["token"], write["ranges"], ok)
+
+    # ---- data messages ----------------------------------------------------------------------
+    def _send_data(self, op: _Operation, endpoint: Any, ranges: list[tuple[int, int]], tag_base: int, iov: bool) -> None:
+        if iov:
+            for index, chunk in enumerate(ucp_iov.chunks(ranges, self.config.max_ranges_per_message)):
+                op.requests.append(ucp_iov.send_iov(endpoint.handle, self.worker.handle, chunk, tag_base | index))
+            return
+        for index, (address, length) in enumerate(ranges):
+            buffer = self.memory.buffer(address, length)
+            op.keep.append(buffer)
+            op.requests.append(UcxWorker.send(endpoint, buffer, tag_base | index))
+
+    def _receive_data(self, op: _Operation, endpoint: Any, ranges: list[tuple[int, int]], tag_base: int, iov: bool) -> None:
+        if iov:
+            for index, chunk in enumerate(ucp_iov.chunks(ranges, self.config.max_ranges_per_message)):
+                op.requests.append(ucp_iov.recv_iov(self.worker.handle, chunk, tag_base | index))
+            return
+        for index, (address, length) in enumerate(ranges):
+            buffer = self.memory.buffer(address, length)
+            op.keep.append(buffer)
+            op.requests.append(UcxWorker.recv(endpoint, buffer, tag_base | index))
 
     # ---- reads ------------------------------------------------------------------------------
     def _start_read(self, target: str, local: list[int], remote: list[int], lengths: list[int], future: Future[int]) -> None:
@@ -390,13 +427,11 @@ class TransferEngine:
         op.data = {"lengths": lengths}
 
         def begin() -> None:
-            endpoint = self._endpoint(target, refresh=True)
-            for index, (addr, length) in enumerate(zip(local, lengths, strict=True)):
-                buffer = self.memory.buffer(addr, length)
-                op.keep.append(buffer)
-                op.requests.append(UcxWorker.recv(endpoint, buffer, tag_base | index))
+            ranges = list(zip(local, lengths, strict=True))
+            iov = not any(self.memory.buffer_region(*r).cuda for r in ranges)
+            self._receive_data(op, self._endpoint(target, refresh=True), ranges, tag_base, iov)
             self._send_control(target, op, "read", address=self.address.hex(), op=op_id, tag_base=tag_base,
-                               ranges=[[a, n] for a, n in zip(remote, lengths, strict=True)])
+                               ranges=[[a, n] for a, n in zip(remote, lengths, strict=True)], iov=iov)
 
         self._outbound[op_id] = op
         try:
@@ -415,10 +450,7 @@ class TransferEngine:
             self._send_control(sender, None, "read_reject", op=op_id, reason=reason)
             return
         op = _Operation(sender, "inbound_read", time.monotonic() + self.config.timeout_seconds)
-        for index, (addr, length) in enumerate(ranges):
-            buffer = self.memory.buffer(addr, length)
-            op.keep.append(buffer)
-            op.requests.append(UcxWorker.send(endpoint, buffer, message["tag_base"] | index))
+        self._send_data(op, endpoint, ranges, message["tag_base"], message["iov"])
         self._inbound[(sender, op_id)] = op
 
     def _on_read_reject(self, message: protocol.ControlMessage) -> None:
@@ -446,9 +478,30 @@ class TransferEngine:
             op.state = "acked"
 
 
+def _cancel(op: _Operation) -> None:
+    """Withdraw scatter-gather requests still posted (ucxx's own are cancelled with their endpoint)."""
+    for request in op.requests[op.checked :]:
+        if isinstance(request, ucp_iov.IovRequest):
+            request.cancel()
+
+
 def _fail(op: _Operation, error: TransferError) -> None:
     if op.future is not None and not op.future.done():
         op.future.set_exception(error)
+
+
+def merge_adjacent(first: list[int], second: list[int], lengths: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """Merge consecutive entries that continue each other on both sides: one message instead of many
+    (the per-message cost dominates below a few hundred KiB)."""
+    merged_first, merged_second, merged_lengths = [first[0]], [second[0]], [lengths[0]]
+    for a, b, n in zip(first[1:], second[1:], lengths[1:], strict=True):
+        if merged_first[-1] + merged_lengths[-1] == a and merged_second[-1] + merged_lengths[-1] == b:
+            merged_lengths[-1] += n
+        else:
+            merged_first.append(a)
+            merged_second.append(b)
+            merged_lengths.append(n)
+    return merged_first, merged_second, merged_lengths
 
 
 def _check_batch(first: list[int], second: list[int], lengths: list[int]) -> None:
@@ -456,5 +509,5 @@ def _check_batch(first: list[int], second: list[int], lengths: list[int]) -> Non
         raise ValueError(f"address and length lists differ in size: {len(first)}, {len(second)}, {len(lengths)}")
     if len(lengths) > MAX_RANGES_PER_BATCH:
         raise ValueError(f"a batch holds at most {MAX_RANGES_PER_BATCH} ranges, got {len(lengths)}")
-    if any(n <= 0 for n in lengths):
-        raise ValueError("every length must be positive")
+    if not lengths or any(n <= 0 for n in lengths):
+        raise ValueError("a batch needs at least one range, and every length must be positive")

@@ -48,11 +48,15 @@ class MemoryRegistry:
                 return region
         return None
 
-    def buffer(self, address: int, length: int) -> object:
-        """A buffer object over registered memory; raises if the range is not registered."""
+    def buffer_region(self, address: int, length: int) -> Region:
         region = self.find(address, length)
         if region is None:
             raise ValueError(f"range {address:#x}+{length} is not inside registered memory")
+        return region
+
+    def buffer(self, address: int, length: int) -> object:
+        """A buffer object over registered memory; raises if the range is not registered."""
+        region = self.buffer_region(address, length)
         if region.cuda:
             return _CudaBuffer(address, length)
         return (ctypes.c_ubyte * length).from_address(address)

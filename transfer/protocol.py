@@ -21,11 +21,13 @@ _LENGTH = struct.Struct("<I")
 SCHEMAS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "hello": {"sender": str, "address": str, "op": int},
     "hello_ack": {"sender": str, "op": int},
-    "write": {"sender": str, "address": str, "op": int, "tag_base": int, "ranges": list, "token": (str, type(None))},
-    "write_ready": {"sender": str, "op": int},
+    "write": {
+        "sender": str, "address": str, "op": int, "tag_base": int, "ranges": list, "token": (str, type(None)), "iov": bool,
+    },
+    "write_ready": {"sender": str, "op": int, "iov": bool},
     "write_reject": {"sender": str, "op": int, "reason": str},
     "write_done": {"sender": str, "op": int},
-    "read": {"sender": str, "address": str, "op": int, "tag_base": int, "ranges": list},
+    "read": {"sender": str, "address": str, "op": int, "tag_base": int, "ranges": list, "iov": bool},
     "read_reject": {"sender": str, "op": int, "reason": str},
 }
 
@@ -72,7 +74,9 @@ def decode(buffer: bytes | memoryview) -> ControlMessage:
         raise MalformedMessage(f"unknown kind {raw.get('kind') if isinstance(raw, dict) else raw!r}")
     kind = raw.pop("kind")
     for name, expected in SCHEMAS[kind].items():
-        if not isinstance(raw.get(name), expected) or isinstance(raw.get(name), bool):
+        value = raw.get(name)
+        # bool is an int to Python; an int field must not take True, nor a bool field 1.
+        if not isinstance(value, expected) or isinstance(value, bool) != (expected is bool):
             raise MalformedMessage(f"{kind}: field {name!r} missing or not {expected}")
     if "ranges" in raw:
         _check_ranges(raw["ranges"])
