@@ -7,7 +7,9 @@ single-process runs use the in-memory registry.
 from __future__ import annotations
 
 import json
+import os
 import threading
+from pathlib import Path
 from typing import Protocol
 
 
@@ -59,12 +61,37 @@ class RedisRegistry:
         self._redis.delete(self.prefix + name)
 
 
+class FileRegistry:
+    """One JSON file per peer in a folder: processes on one host without Redis (a local run, a GPU box)."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def publish(self, name: str, record: dict[str, object]) -> None:
+        staging = self.folder / f".{name}.{os.getpid()}.tmp"
+        staging.write_text(json.dumps(record))
+        staging.replace(self.folder / f"{name}.json")  # atomic: readers never see half a record
+
+    def lookup(self, name: str) -> dict[str, object] | None:
+        try:
+            return json.loads((self.folder / f"{name}.json").read_text())
+        except FileNotFoundError:
+            return None
+
+    def remove(self, name: str) -> None:
+        (self.folder / f"{name}.json").unlink(missing_ok=True)
+
+
 def registry_from(metadata: str | PeerRegistry) -> PeerRegistry:
-    """Mooncake passes a metadata-server URL; `redis://...` selects Redis, `memory://` a local registry."""
+    """Mooncake passes a metadata-server URL: `redis://...` selects Redis, `file:///folder` a folder of
+    records shared by the processes of one host, `memory://` a registry inside this process."""
     if not isinstance(metadata, str):
         return metadata
     if metadata.startswith(("redis://", "rediss://", "unix://")):
         return RedisRegistry(metadata)
+    if metadata.startswith("file://"):
+        return FileRegistry(metadata.removeprefix("file://"))
     if metadata == "memory://":
         return InMemoryRegistry()
-    raise ValueError(f"metadata must be a redis:// URL, memory:// or a registry object, got {metadata!r}")
+    raise ValueError(f"metadata must be a redis:// or file:// URL, memory:// or a registry object, got {metadata!r}")

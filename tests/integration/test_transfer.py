@@ -231,3 +231,18 @@ def test_malformed_and_duplicate_control_messages_do_no_harm(redis_url, local_en
     handle = DestinationHandle.from_json(receiver.call("expect", request_id="after", block_ids=[9])["handle"])
     sender.send_blocks("after", [9], handle)
     assert receiver.call("wait", request_id="after")["arrived"]
+
+
+def test_file_registry_connects_processes_without_redis(tmp_path, local_engine, peers, request):
+    registry = f"file://{tmp_path}"
+    pool = make_pool("float32", NUM_BLOCKS)
+    fill_random(pool, seed=8)
+    engine = TransferEngine()
+    engine.initialize(f"prefill-{request.node.name}", registry, "ucx", pool=pool_description("tiny", pool))
+    try:
+        receiver = peers(f"decode-{request.node.name}", registry)
+        handle = DestinationHandle.from_json(receiver.call("expect", request_id="f", block_ids=[3, 4, 9])["handle"])
+        KVSender(engine, pool, "tiny").send_blocks("f", [1, 2, 3], handle)
+        assert receiver.call("digest", block_ids=[3, 4, 9])["digests"] == block_digests(pool, [1, 2, 3])
+    finally:
+        engine.close()

@@ -21,18 +21,20 @@ from kvferry.transfer import TransferConfig, TransferEngine, TransferError
 from kvferry.transfer.kv_connector import DestinationHandle, KVReceiver, KVSender, pool_description
 
 
-def make_pool(dtype: str, num_blocks: int, block_size: int = 16, num_layers: int = 2, heads: int = 2, head_dim: int = 32) -> KVPool:
-    return KVPool(KVPoolLayout(num_layers, heads, head_dim, block_size, dtype), num_blocks)
+def make_pool(
+    dtype: str, num_blocks: int, block_size: int = 16, num_layers: int = 2, heads: int = 2, head_dim: int = 32, device: str = "cpu"
+) -> KVPool:
+    return KVPool(KVPoolLayout(num_layers, heads, head_dim, block_size, dtype), num_blocks, device)
 
 
 def fill_random(pool: KVPool, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
-    raw = pool.tensor.view(torch.uint8) if pool.tensor.element_size() == 1 else pool.tensor.view(torch.int16)
-    raw.copy_(torch.randint(-(2**15), 2**15, raw.shape, generator=generator, dtype=torch.int16).view(raw.dtype))
+    raw = pool.tensor.view(torch.int16)
+    raw.copy_(torch.randint(-(2**15), 2**15, raw.shape, generator=generator, dtype=torch.int16))
 
 
 def block_digests(pool: KVPool, block_ids: list[int]) -> list[str]:
-    return [hashlib.sha256(pool.tensor[b].contiguous().view(torch.uint8).numpy().tobytes()).hexdigest() for b in block_ids]
+    return [hashlib.sha256(pool.tensor[b].contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest() for b in block_ids]
 
 
 def main() -> None:
@@ -45,10 +47,14 @@ def main() -> None:
     parser.add_argument("--lease", type=float, default=5.0)
     parser.add_argument("--timeout", type=float, default=2.0)
     parser.add_argument("--model", default="tiny")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--kv-heads", type=int, default=2)
+    parser.add_argument("--head-dim", type=int, default=32)
     args = parser.parse_args()
     logging.basicConfig(level=os.environ.get("KVFERRY_LOG_LEVEL", "WARNING"), stream=sys.stderr)
 
-    pool = make_pool(args.dtype, args.num_blocks, args.block_size)
+    pool = make_pool(args.dtype, args.num_blocks, args.block_size, args.num_layers, args.kv_heads, args.head_dim, args.device)
     engine = TransferEngine(TransferConfig(timeout_seconds=args.timeout))
     engine.initialize(args.name, args.registry, "ucx", pool=pool_description(args.model, pool))
     expired: list[str] = []
