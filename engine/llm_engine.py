@@ -17,13 +17,20 @@ from kvferry.engine.outputs import CompletionOutput, RequestOutput
 from kvferry.engine.sampler import SamplerOutput
 from kvferry.engine.sampling_params import SamplingParams
 from kvferry.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
-from kvferry.engine.sequence import Sequence
+from kvferry.engine.sequence import Sequence, SequenceStatus
 from kvferry.engine.tokenizer import ModelTokenizer
 from kvferry.engine.weights import load_weights
-from kvferry.kvcache.allocator import BlockAllocator
+from kvferry.kvcache.allocator import BlockAllocator, OutOfBlocksError
 from kvferry.kvcache.kv_pool import KVPool, KVPoolLayout
 
 PromptInput = str | dict[str, list[int]]
+
+
+@dataclass(frozen=True)
+class KVReservation:
+    request_id: str
+    block_ids: list[int]  # to be filled with the prompt's blocks from first_block on
+    first_block: int  # leading prompt blocks this node already holds
 
 
 @dataclass
@@ -32,6 +39,8 @@ class Request:
     prompt: str | None
     prompt_token_ids: list[int]
     seqs: list[Sequence]
+    hold_kv: bool = False
+    kv_block_ids: list[int] | None = None
 
     def output(self) -> RequestOutput:
         completions = [
@@ -46,7 +55,7 @@ class Request:
             for seq in self.seqs
         ]
         return RequestOutput(
-            self.request_id, self.prompt, self.prompt_token_ids, completions, self.seqs[0].num_cached_tokens
+            self.request_id, self.prompt, self.prompt_token_ids, completions, self.seqs[0].num_cached_tokens, self.kv_block_ids
         )
 
 
@@ -83,6 +92,8 @@ class LLMEngine:
             SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len), self.block_manager
         )
         self.requests: dict[str, Request] = {}
+        self.held_kv: dict[str, list[int]] = {}  # prefill side: finished requests whose blocks still travel
+        self.reserved: dict[str, Sequence] = {}  # decode side: blocks reserved for KV arriving from a peer
 
     @property
     def allocator(self) -> BlockAllocator:
@@ -105,10 +116,21 @@ class LLMEngine:
             return None, [int(t) for t in prompt["prompt_token_ids"]]
         raise TypeError("a prompt is a string or {'prompt_token_ids': [...]}")
 
-    def add_request(self, request_id: str, prompt: PromptInput, params: SamplingParams | None = None) -> None:
+    def add_request(
+        self, request_id: str, prompt: PromptInput, params: SamplingParams | None = None, hold_kv: bool = False
+    ) -> None:
+        """Queue a request. With hold_kv (a prefill node's request) the prompt's blocks stay allocated after
+        it finishes, listed in the output's kv_block_ids, until release_kv(request_id)."""
+        request = self._new_request(request_id, prompt, params, hold_kv)
+        for seq in request.seqs:
+            self.scheduler.add(seq)
+
+    def _new_request(self, request_id: str, prompt: PromptInput, params: SamplingParams | None, hold_kv: bool) -> Request:
         params = params or SamplingParams()
-        if request_id in self.requests:
+        if request_id in self.requests or request_id in self.held_kv:
             raise ValueError(f"request_id {request_id!r} is already running")
+        if hold_kv and params.n != 1:
+            raise ValueError("n must be 1 for a request whose KV cache moves to another node")
         text, token_ids = self.tokenize_prompt(prompt)
         self._validate_prompt(token_ids)
         seqs = []
@@ -118,9 +140,9 @@ class LLMEngine:
                 generator = torch.Generator(self.device).manual_seed(params.seed + index)
             detokenizer = IncrementalDetokenizer(self.tokenizer.tokenizer, params.stop_strings, params.skip_special_tokens)
             seqs.append(Sequence(request_id, index, token_ids, params, detokenizer, generator))
-        self.requests[request_id] = Request(request_id, text, token_ids, seqs)
-        for seq in seqs:
-            self.scheduler.add(seq)
+        request = Request(request_id, text, token_ids, seqs, hold_kv)
+        self.requests[request_id] = request
+        return request
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -135,7 +157,49 @@ class LLMEngine:
         if bad:
             raise ValueError(f"prompt_token_ids holds ids outside the vocabulary [0, {vocab}): {bad[:5]}")
 
+    # ---- disaggregation: the prefill side holds KV, the decode side reserves and activates -----
+    def release_kv(self, request_id: str) -> None:
+        """The prefill side's transfer is over (sent or failed): free the blocks it held."""
+        block_ids = self.held_kv.pop(request_id, None)
+        if block_ids is not None:
+            self.allocator.free(block_ids)
+
+    def reserve(self, request_id: str, prompt: PromptInput, params: SamplingParams | None = None) -> KVReservation:
+        """Decode side: allocate the blocks a prompt's KV will arrive into. Blocks this node already holds
+        (its prefix cache) are reused and listed as first_block; raises OutOfBlocksError if short."""
+        request = self._new_request(request_id, prompt, params, hold_kv=False)
+        seq = request.seqs[0]
+        self.block_manager.take_prefix_hits(seq)
+        cached_blocks = len(seq.block_ids)
+        if not self.block_manager.allocate_slots(seq, seq.num_tokens - seq.num_computed_tokens):
+            self.block_manager.free(seq)
+            del self.requests[request_id]
+            raise OutOfBlocksError(f"no room for {seq.num_tokens} prompt tokens of {request_id!r}")
+        seq.num_cached_tokens = seq.num_computed_tokens
+        self.reserved[request_id] = seq
+        return KVReservation(request_id, seq.block_ids[cached_blocks:], cached_blocks)
+
+    def activate(self, request_id: str, first_token: int, logprobs: dict[int, float] | None = None) -> RequestOutput:
+        """Decode side: the prompt's KV has arrived and the prefill side sampled `first_token`; decoding
+        continues from it in the running batch."""
+        seq = self.reserved.pop(request_id)
+        seq.num_computed_tokens = seq.num_tokens
+        self.block_manager.cache_computed_blocks(seq)
+        seq.status = SequenceStatus.RUNNING
+        self.scheduler.running.append(seq)
+        self._append_token(seq, first_token, logprobs)
+        return self._output(request_id)
+
+    def cancel_reservation(self, request_id: str) -> None:
+        """Decode side: the KV never arrived (lease expired, abort): free the reserved blocks."""
+        seq = self.reserved.pop(request_id, None)
+        if seq is not None:
+            self.block_manager.free(seq)
+            self.requests.pop(request_id, None)
+
     def abort_request(self, request_id: str) -> RequestOutput | None:
+        self.cancel_reservation(request_id)
+        self.release_kv(request_id)
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
@@ -160,23 +224,32 @@ class LLMEngine:
             seq.num_computed_tokens += count
             self.block_manager.cache_computed_blocks(seq)
         for seq, token, logprobs in zip(sampled_seqs, sampled.token_ids, sampled.logprobs, strict=True):
-            seq.token_ids.append(token)
-            if seq.logprobs is not None:
-                seq.logprobs.append(logprobs or {})
-            stop_string = seq.detokenizer.append(token)
-            reason, stop_reason = self._finish_reason(seq, token, stop_string)
-            if reason:
-                if stop_string is None:
-                    seq.detokenizer.flush()
-                self.scheduler.finish(seq, reason, stop_reason)
-        outputs = []
-        for request_id in dict.fromkeys(seq.request_id for seq in sampled_seqs):
-            request = self.requests[request_id]
-            output = request.output()
-            if output.finished:
-                del self.requests[request_id]
-            outputs.append(output)
-        return outputs
+            self._append_token(seq, token, logprobs)
+        return [self._output(request_id) for request_id in dict.fromkeys(seq.request_id for seq in sampled_seqs)]
+
+    def _append_token(self, seq: Sequence, token: int, logprobs: dict[int, float] | None) -> None:
+        seq.token_ids.append(token)
+        if seq.logprobs is not None:
+            seq.logprobs.append(logprobs or {})
+        stop_string = seq.detokenizer.append(token)
+        reason, stop_reason = self._finish_reason(seq, token, stop_string)
+        if not reason:
+            return
+        if stop_string is None:
+            seq.detokenizer.flush()
+        request = self.requests[seq.request_id]
+        if request.hold_kv:
+            request.kv_block_ids = list(seq.block_ids)
+            self.held_kv[seq.request_id] = request.kv_block_ids
+            seq.block_ids = []  # ownership moves to held_kv, so finish() frees nothing
+        self.scheduler.finish(seq, reason, stop_reason)
+
+    def _output(self, request_id: str) -> RequestOutput:
+        request = self.requests[request_id]
+        output = request.output()
+        if output.finished:
+            del self.requests[request_id]
+        return output
 
     def _finish_reason(self, seq: Sequence, token: int, stop_string: str | None) -> tuple[str | None, str | int | None]:
         params = seq.params

@@ -27,6 +27,8 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     num_cached_tokens: int = 0
+    # Prefill side of a disaggregated request: the prompt's blocks, held until release_kv().
+    kv_block_ids: list[int] | None = None
 
     @property
     def finished(self) -> bool:
