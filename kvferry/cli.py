@@ -11,6 +11,7 @@ from collections.abc import Sequence
 # Imports are lazy so that `kvferry --help` does not load torch or kopf.
 COMMAND_MODULES: tuple[str, ...] = (
     "kvferry.engine.commands",
+    "kvferry.operator.command",
 )
 
 

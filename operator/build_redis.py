@@ -1,0 +1,70 @@
+"""The optional operator-managed Redis that holds the prefix-cache index.
+
+It is a cache of hints (DESIGN.md §3), so one replica without persistence is enough: losing it costs
+cache misses, not wrong answers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvferry.operator.crd_model import InferenceClusterSpec
+from kvferry.operator.naming import ClusterRef, child_metadata, labels, selector_labels
+from kvferry.operator.security import container_security_context, pod_security_context
+
+REDIS_PORT = 6379
+REDIS_UID = 999  # the redis user of the official image
+
+
+def redis_url(ref: ClusterRef, spec: InferenceClusterSpec) -> str | None:
+    if spec.redis.managed:
+        return f"redis://{ref.child_name('redis')}.{ref.namespace}.svc:{REDIS_PORT}/0"
+    return spec.redis.url
+
+
+def build_redis_deployment(ref: ClusterRef, spec: InferenceClusterSpec) -> dict[str, Any]:
+    probe = {"tcpSocket": {"port": "redis"}, "periodSeconds": 10}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": child_metadata(ref, "redis"),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": selector_labels(ref, "redis")},
+            "template": {
+                "metadata": {"labels": labels(ref, "redis")},
+                "spec": {
+                    "automountServiceAccountToken": False,
+                    "securityContext": pod_security_context(REDIS_UID),
+                    "containers": [
+                        {
+                            "name": "redis",
+                            "image": spec.redis.image,
+                            "imagePullPolicy": spec.image_pull_policy,
+                            # No snapshots: the index is rebuilt from the nodes' KV events.
+                            "args": ["--save", "", "--appendonly", "no"],
+                            "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
+                            "readinessProbe": probe,
+                            "livenessProbe": probe,
+                            "securityContext": container_security_context(),
+                            "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                        }
+                    ],
+                    "volumes": [{"name": "data", "emptyDir": {}}],
+                },
+            },
+        },
+    }
+
+
+def build_redis_service(ref: ClusterRef) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": child_metadata(ref, "redis"),
+        "spec": {
+            "type": "ClusterIP",
+            "selector": selector_labels(ref, "redis"),
+            "ports": [{"name": "redis", "port": REDIS_PORT, "targetPort": "redis"}],
+        },
+    }

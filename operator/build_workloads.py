@@ -1,0 +1,140 @@
+"""Deployments of the prefill, decode and router roles.
+
+All three run the same image with `kvferry <role> --config /etc/kvferry/cluster.json`; the role spec adds
+replicas, resources and scheduling. The config hash annotation on the pod template turns a change of the
+cluster configuration (KV cache, transfer, Redis) into a rollout.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from kvferry.operator.build_config import CONFIG_DIR, CONFIG_PATH, NODE_PORT
+from kvferry.operator.build_rbac import router_service_account_name
+from kvferry.operator.crd_model import EnvVar, InferenceClusterSpec, RoleSpec
+from kvferry.operator.model_source import parse_model_source
+from kvferry.operator.naming import (
+    CONFIG_HASH_ANNOTATION,
+    ClusterRef,
+    child_metadata,
+    labels,
+    selector_labels,
+)
+from kvferry.operator.security import container_security_context, pod_security_context
+
+ServingRole = Literal["prefill", "decode", "router"]
+API_KEY_ENV = "KVFERRY_API_KEY"
+
+# Loading weights takes minutes on a large model; the startup probe holds liveness off until then.
+_STARTUP_PROBE = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 60}
+_LIVENESS_PROBE = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3}
+_READINESS_PROBE = {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5, "failureThreshold": 2}
+
+
+def _downward_env() -> list[dict[str, Any]]:
+    # Nodes publish their own pod name and IP to the registry and to UCX.
+    fields = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_IP": "status.podIP"}
+    return [{"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}} for name, path in fields.items()]
+
+
+def _container_env(
+    spec: InferenceClusterSpec, role: ServingRole, role_spec: RoleSpec
+) -> list[dict[str, Any]]:
+    env = {var["name"]: var for var in _downward_env()}
+    if spec.transfer.protocol == "ucx" and spec.transfer.ucx_transports and role != "router":
+        env["UCX_TLS"] = {"name": "UCX_TLS", "value": ",".join(spec.transfer.ucx_transports)}
+    if spec.auth_secret is not None and role == "router":
+        secret_ref = {"name": spec.auth_secret.name, "key": spec.auth_secret.key}
+        env[API_KEY_ENV] = {"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": secret_ref}}
+    # The user's variables win over ours by name; server-side apply rejects a list with duplicate names.
+    env.update({var.name: _env_var(var) for var in role_spec.env})
+    return list(env.values())
+
+
+def _env_var(var: EnvVar) -> dict[str, Any]:
+    return var.model_dump(by_alias=True, exclude_none=True)
+
+
+def _volumes(spec: InferenceClusterSpec, role: ServingRole, ref: ClusterRef) -> tuple[list[dict], list[dict]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "config", "configMap": {"name": ref.child_name("config")}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if role != "router":
+        # UCX's shared-memory transports need a /dev/shm larger than the runtime's 64 MiB default.
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    model = parse_model_source(spec.model.source)
+    if model.volume is not None:
+        volumes.append(model.volume)
+        mounts.append(model.volume_mount())
+    return volumes, mounts
+
+
+def _scheduling(role_spec: RoleSpec) -> dict[str, Any]:
+    scheduling: dict[str, Any] = {}
+    if role_spec.node_selector:
+        scheduling["nodeSelector"] = dict(role_spec.node_selector)
+    if role_spec.tolerations:
+        scheduling["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in role_spec.tolerations
+        ]
+    if role_spec.affinity is not None:
+        scheduling["affinity"] = role_spec.affinity
+    return scheduling
+
+
+def role_spec_of(spec: InferenceClusterSpec, role: ServingRole) -> RoleSpec:
+    return {"prefill": spec.prefill, "decode": spec.decode, "router": spec.router}[role]
+
+
+def build_role_deployment(
+    ref: ClusterRef, spec: InferenceClusterSpec, role: ServingRole, config_hash: str
+) -> dict[str, Any]:
+    role_spec = role_spec_of(spec, role)
+    volumes, mounts = _volumes(spec, role, ref)
+    container = {
+        "name": role,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["kvferry"],
+        "args": [role, "--config", CONFIG_PATH, "--host", "0.0.0.0", "--port", str(NODE_PORT)],
+        "ports": [{"name": "http", "containerPort": NODE_PORT, "protocol": "TCP"}],
+        "env": _container_env(spec, role, role_spec),
+        "resources": role_spec.resources.model_dump(by_alias=True, exclude_defaults=True),
+        "startupProbe": _STARTUP_PROBE,
+        "livenessProbe": _LIVENESS_PROBE,
+        "readinessProbe": _READINESS_PROBE,
+        "securityContext": container_security_context(),
+        "volumeMounts": mounts,
+    }
+    pod_spec: dict[str, Any] = {
+        "securityContext": pod_security_context(),
+        "containers": [container],
+        "volumes": volumes,
+        **_scheduling(role_spec),
+    }
+    if role == "router":
+        pod_spec["serviceAccountName"] = router_service_account_name(ref)
+    else:
+        pod_spec["automountServiceAccountToken"] = False  # nodes never talk to the Kubernetes API
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": child_metadata(ref, role),
+        "spec": {
+            "replicas": role_spec.replicas,
+            "selector": {"matchLabels": selector_labels(ref, role)},
+            "template": {
+                "metadata": {
+                    "labels": labels(ref, role),
+                    "annotations": {CONFIG_HASH_ANNOTATION: config_hash},
+                },
+                "spec": pod_spec,
+            },
+        },
+    }

@@ -1,0 +1,259 @@
+"""The InferenceCluster resource as pydantic models: the one source of the CRD schema and of validation.
+
+`crd.py` turns these models into the CRD's structural openAPIV3Schema (descriptions, defaults, enums,
+bounds), and the operator validates every spec it reconciles with the same models. Field descriptions
+are what `kubectl explain inferencecluster.spec...` prints, so they are written for users.
+Checks that a schema cannot express (whether a model source can work) live in field validators here,
+so the operator applies them and reports a Degraded condition when they fail.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from kvferry.operator.model_source import SUPPORTED_FORMS, parse_model_source
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from kvferry import __version__
+
+DEFAULT_IMAGE = f"ghcr.io/kvferry/kvferry:{__version__}"
+DEFAULT_REDIS_IMAGE = "redis:7.4-alpine"
+DEFAULT_ROUTER_PORT = 8000
+MAX_REPLICAS = 1024
+
+# Kubernetes' own resource.Quantity pattern (k8s.io/apimachinery), so a bad quantity such as "lots" is
+# rejected at apply time instead of failing later when the operator applies the Deployment.
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+Quantity = Annotated[
+    int | Annotated[str, StringConstraints(pattern=QUANTITY_PATTERN)],
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": QUANTITY_PATTERN}),
+]
+EnvName = Annotated[str, StringConstraints(pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
+DnsSubdomain = Annotated[
+    str, StringConstraints(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+]
+UcxTransport = Annotated[str, StringConstraints(pattern=r"^\^?[a-z0-9_]+$")]
+
+
+class KubeModel(BaseModel):
+    """camelCase on the wire, snake_case in Python; unknown fields are errors, values are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, alias_generator=to_camel, populate_by_name=True)
+
+
+def nested(model: type[KubeModel], description: str) -> Any:
+    # `default: {}` in the schema makes the apiserver fill in the nested fields' own defaults when the
+    # user leaves the whole object out, which is what pydantic does with default_factory.
+    return Field(default_factory=model, description=description, json_schema_extra={"default": {}})
+
+
+class ModelSpec(KubeModel):
+    source: str = Field(
+        min_length=1,
+        description=f"Where the model's Hugging Face folder is: {SUPPORTED_FORMS}. "
+        "A PVC or host folder is mounted read-only at /models.",
+    )
+    served_name: str = Field(
+        min_length=1,
+        max_length=256,
+        description="Model name that clients send in the `model` field of OpenAI-style requests.",
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _source_can_work(cls, source: str) -> str:
+        parse_model_source(source)
+        return source
+
+
+class ResourceRequirements(KubeModel):
+    requests: dict[str, Quantity] = Field(
+        default_factory=dict,
+        description="Minimum resources per pod, e.g. {cpu: 4, memory: 32Gi, nvidia.com/gpu: 1}.",
+    )
+    limits: dict[str, Quantity] = Field(
+        default_factory=dict, description="Maximum resources per pod, same keys as requests."
+    )
+
+
+class EnvVar(KubeModel):
+    name: EnvName = Field(description="Environment variable name.")
+    value: str | None = Field(None, description="Literal value.")
+    value_from: dict[str, Any] | None = Field(
+        None, description="A Kubernetes EnvVarSource (secretKeyRef, configMapKeyRef, fieldRef, ...)."
+    )
+
+
+class Toleration(KubeModel):
+    key: str | None = Field(
+        None, description="Taint key to tolerate; empty with Exists tolerates every taint."
+    )
+    operator: Literal["Exists", "Equal"] | None = Field(None, description="How key and value are compared.")
+    value: str | None = Field(None, description="Taint value to match with the Equal operator.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to match; empty matches all effects."
+    )
+    toleration_seconds: int | None = Field(
+        None, ge=0, description="How long a NoExecute taint is tolerated before eviction."
+    )
+
+
+class RoleSpec(KubeModel):
+    replicas: int = Field(1, ge=0, le=MAX_REPLICAS, description="Number of pods of this role.")
+    resources: ResourceRequirements = nested(
+        ResourceRequirements, "CPU, memory and accelerator requests and limits per pod."
+    )
+    env: tuple[EnvVar, ...] = Field(
+        (),
+        description="Extra environment variables; a name set by the operator is overridden.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Node labels the pods must be scheduled on."
+    )
+    tolerations: tuple[Toleration, ...] = Field((), description="Taints the pods tolerate.")
+    affinity: dict[str, Any] | None = Field(
+        None,
+        description="A Kubernetes Affinity (nodeAffinity, podAffinity, podAntiAffinity), passed to pods.",
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _env_names_unique(cls, env: tuple[EnvVar, ...]) -> tuple[EnvVar, ...]:
+        names = [var.name for var in env]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"duplicate environment variable names: {', '.join(duplicates)}")
+        return env
+
+
+class RouterSpec(RoleSpec):
+    service_type: Literal["ClusterIP", "LoadBalancer"] = Field(
+        "ClusterIP",
+        description="Type of the router's Service: ClusterIP inside the cluster, or LoadBalancer.",
+    )
+    port: int = Field(
+        DEFAULT_ROUTER_PORT, ge=1, le=65535, description="Port the router's Service listens on."
+    )
+
+
+class KVCacheSpec(KubeModel):
+    block_size: Literal[8, 16, 32, 64, 128] = Field(16, description="Tokens per KV cache block.")
+    memory_fraction: float = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Fraction of accelerator memory (host memory on CPU) the node may use, weights included.",
+    )
+    dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(
+        "auto", description="KV cache element type; auto follows the model's dtype."
+    )
+
+
+class TransferSpec(KubeModel):
+    protocol: Literal["ucx", "tcp"] = Field(
+        "ucx", description="How prefill nodes send KV blocks to decode nodes: UCX, or plain TCP."
+    )
+    ucx_transports: tuple[UcxTransport, ...] = Field(
+        (),
+        description="UCX transports (UCX_TLS), e.g. [rc, cuda_ipc, sm]; empty lets UCX choose.",
+    )
+
+
+class RedisSpec(KubeModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!(has(self.url) && self.managed)",
+                    "message": "set redis.url or redis.managed, not both",
+                }
+            ]
+        }
+    )
+
+    url: Annotated[str, StringConstraints(pattern=r"^rediss?://.+")] | None = Field(
+        None, description="URL of an existing Redis for the prefix-cache index, e.g. redis://redis:6379/0."
+    )
+    managed: bool = Field(False, description="Let the operator run a Redis Deployment and Service.")
+    image: str = Field(DEFAULT_REDIS_IMAGE, min_length=1, description="Image of the managed Redis.")
+
+    @model_validator(mode="after")
+    def _one_redis(self) -> RedisSpec:
+        if self.url is not None and self.managed:
+            raise ValueError("set redis.url or redis.managed, not both")
+        return self
+
+
+class SecretKeyRef(KubeModel):
+    name: DnsSubdomain = Field(description="Name of a Secret in the cluster's namespace.")
+    key: str = Field("api-key", min_length=1, description="Key in the Secret that holds the API key.")
+
+
+class InferenceClusterSpec(KubeModel):
+    model: ModelSpec = Field(description="The model every node serves.")
+    image: str = Field(
+        DEFAULT_IMAGE, min_length=1, description="Container image of prefill, decode and router."
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="When the kubelet pulls the image."
+    )
+    prefill: RoleSpec = nested(
+        RoleSpec, "Prefill nodes: compute prompts' KV cache and send it to decode nodes."
+    )
+    decode: RoleSpec = nested(RoleSpec, "Decode nodes: receive KV blocks and stream generated tokens.")
+    router: RouterSpec = nested(RouterSpec, "Router: the OpenAI-compatible endpoint that picks the nodes.")
+    kv_cache: KVCacheSpec = nested(KVCacheSpec, "KV cache pool of every node.")
+    transfer: TransferSpec = nested(TransferSpec, "KV block transfer from prefill to decode nodes.")
+    redis: RedisSpec = nested(
+        RedisSpec,
+        "Redis for the shared prefix-cache index; with neither url nor managed, routing has no index.",
+    )
+    auth_secret: SecretKeyRef | None = Field(
+        None, description="Secret holding the API key clients must send; without it the router is open."
+    )
+
+
+class RoleStatus(KubeModel):
+    desired: int = Field(0, description="Replicas the spec asks for.")
+    ready: int = Field(0, description="Replicas whose pods are Ready.")
+    updated: int = Field(0, description="Replicas running the current pod template.")
+
+
+class Condition(KubeModel):
+    type: Literal["Ready", "Progressing", "Degraded"] = Field(description="Condition type.")
+    status: Literal["True", "False", "Unknown"] = Field(description="Whether the condition holds.")
+    reason: str = Field(description="CamelCase reason for the last transition.")
+    message: str = Field("", description="Human-readable details.")
+    last_transition_time: str = Field(
+        description="When status last changed.", json_schema_extra={"format": "date-time"}
+    )
+    observed_generation: int = Field(0, description="metadata.generation the condition was computed for.")
+
+
+class InferenceClusterStatus(KubeModel):
+    phase: Literal["Pending", "Progressing", "Ready", "Degraded"] = Field(
+        "Pending", description="Summary: Pending, Progressing (rolling out), Ready or Degraded."
+    )
+    conditions: tuple[Condition, ...] = Field(
+        (),
+        description="Ready, Progressing and Degraded conditions with reasons.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    prefill: RoleStatus = nested(RoleStatus, "Prefill replicas.")
+    decode: RoleStatus = nested(RoleStatus, "Decode replicas.")
+    router: RoleStatus = nested(RoleStatus, "Router replicas.")
+    observed_generation: int = Field(0, description="metadata.generation the operator last reconciled.")
+    router_endpoint: str | None = Field(None, description="URL of the router's OpenAI-compatible API.")

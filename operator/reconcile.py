@@ -1,0 +1,187 @@
+"""Reconcile one InferenceCluster: validate, apply every child, prune leftovers, publish status.
+
+Idempotent by construction: children have fixed names and are written with server-side apply, so
+running it twice, or again after the process died half-way, converges on exactly one child of each kind.
+Spec problems end as a Degraded status and a normal return, never as an exception that kopf would retry.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from kvferry.operator.children import CHILD_KINDS, build_children
+from kvferry.operator.crd_model import InferenceClusterSpec
+from kvferry.operator.kube import Kube
+from kvferry.operator.naming import API_VERSION, CLUSTER_LABEL, KIND, SERVING_ROLES, ClusterRef
+from kvferry.operator.status import Problem, compute_status
+from kvferry.operator.validation import InvalidSpec, parse_spec
+
+logger = logging.getLogger("kvferry.operator")
+
+# Reasons that only a reconcile can establish or clear: a child event must not overwrite them.
+RECONCILE_PROBLEMS = ("InvalidSpec", "ApplyFailed")
+STATUS_WRITE_ATTEMPTS = 5
+
+
+@dataclass(frozen=True)
+class ReconcileSettings:
+    # Test hook: sleep between child applies so a test can kill the operator in the middle of a reconcile.
+    test_hook_apply_delay_s: float = 0.0
+
+
+def _key(manifest: Mapping[str, Any]) -> tuple[str, str, str]:
+    return manifest["apiVersion"], manifest["kind"], manifest["metadata"]["name"]
+
+
+def prune(kube: Kube, ref: ClusterRef, keep: list[dict[str, Any]]) -> None:
+    """Delete children this cluster owns that the spec no longer asks for (e.g. Redis turned off)."""
+    wanted = {_key(manifest) for manifest in keep}
+    for api_version, kind in CHILD_KINDS:
+        for item in kube.list(api_version, kind, ref.namespace, f"{CLUSTER_LABEL}={ref.name}"):
+            owned = any(owner.get("uid") == ref.uid for owner in item["metadata"].get("ownerReferences", []))
+            if owned and (api_version, kind, item["metadata"]["name"]) not in wanted:
+                logger.info("deleting %s %s/%s", kind, ref.namespace, item["metadata"]["name"])
+                kube.delete(api_version, kind, ref.namespace, item["metadata"]["name"])
+
+
+def read_children(kube: Kube, ref: ClusterRef, spec: InferenceClusterSpec | None) -> dict[str, Any]:
+    components = list(SERVING_ROLES) + (["redis"] if spec is not None and spec.redis.managed else [])
+    return {
+        "deployments": {
+            c: kube.get("apps/v1", "Deployment", ref.namespace, ref.child_name(c)) for c in components
+        },
+        "router_service": kube.get("v1", "Service", ref.namespace, ref.child_name("router")),
+    }
+
+
+def write_status(
+    kube: Kube,
+    ref: ClusterRef,
+    compute: Callable[[dict[str, Any]], dict[str, Any]],
+) -> None:
+    """Read the parent, compute its status, write it only if the parent did not change meanwhile.
+
+    The resourceVersion in the patch makes the write conditional, so a slow writer holding an old view
+    (say a child event racing a reconcile) retries on fresh data instead of overwriting newer status.
+    """
+    for _ in range(STATUS_WRITE_ATTEMPTS):
+        parent = kube.get(API_VERSION, KIND, ref.namespace, ref.name)
+        if (
+            parent is None
+            or parent["metadata"].get("uid") != ref.uid
+            or parent["metadata"].get("deletionTimestamp")
+        ):
+            return
+        status = compute(parent)
+        if _unchanged(status, parent.get("status") or {}):
+            return
+        patch = {"metadata": {"resourceVersion": parent["metadata"]["resourceVersion"]}, "status": status}
+        try:
+            kube.patch_status(API_VERSION, KIND, ref.namespace, ref.name, patch)
+            return
+        except ApiException as error:
+            if error.status != 409:
+                raise
+    logger.warning("status of %s/%s kept changing; leaving it to the next event", ref.namespace, ref.name)
+
+
+def _unchanged(status: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
+    # Skipping identical writes keeps the parent's resourceVersion (and kopf's watch) quiet.
+    return all(current.get(key) == value for key, value in status.items())
+
+
+def _status_computer(
+    kube: Kube,
+    ref: ClusterRef,
+    spec: InferenceClusterSpec | None,
+    problem: Problem | None,
+    observed_generation: int | None,
+) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def compute(parent: dict[str, Any]) -> dict[str, Any]:
+        previous = parent.get("status") or {}
+        generation = (
+            previous.get("observedGeneration", 0) if observed_generation is None else observed_generation
+        )
+        return compute_status(
+            ref=ref,
+            spec=spec,
+            problem=problem,
+            previous=previous,
+            observed_generation=generation,
+            now=datetime.now(UTC),
+            **read_children(kube, ref, spec),
+        )
+
+    return compute
+
+
+def reconcile(kube: Kube, body: Mapping[str, Any], settings: ReconcileSettings) -> None:
+    ref = ClusterRef.from_body(body)
+    generation = int(body["metadata"].get("generation", 1))
+    try:
+        spec = parse_spec(body.get("spec"))
+    except InvalidSpec as error:
+        logger.warning("%s/%s: invalid spec: %s", ref.namespace, ref.name, error)
+        write_status(
+            kube, ref, _status_computer(kube, ref, None, Problem("InvalidSpec", str(error)), generation)
+        )
+        return
+    children = build_children(ref, spec)
+    problem = _apply_all(kube, children, settings)
+    if problem is None:
+        prune(kube, ref, children)
+    write_status(kube, ref, _status_computer(kube, ref, spec, problem, generation))
+
+
+def _apply_all(kube: Kube, children: list[dict[str, Any]], settings: ReconcileSettings) -> Problem | None:
+    for child in children:
+        try:
+            kube.apply(child)
+        except ApiException as error:
+            if error.status not in (400, 422):
+                raise  # transient (conflict, unavailable, forbidden while RBAC propagates): kopf retries
+            # The apiserver refused a child built from this spec; retrying the same spec cannot help.
+            return Problem(
+                "ApplyFailed", f"{child['kind']} {child['metadata']['name']}: {_api_message(error)}"
+            )
+        time.sleep(settings.test_hook_apply_delay_s)
+    return None
+
+
+def refresh_status(kube: Kube, namespace: str, name: str) -> None:
+    """Recompute status after a child changed, without applying anything."""
+    parent = kube.get(API_VERSION, KIND, namespace, name)
+    if parent is None:
+        return
+    if _reconcile_problem_stands(parent):
+        return
+    try:
+        spec = parse_spec(parent.get("spec"))
+    except InvalidSpec:
+        return  # the reconcile of this generation reports it
+    ref = ClusterRef.from_body(parent)
+    write_status(kube, ref, _status_computer(kube, ref, spec, None, None))
+
+
+def _reconcile_problem_stands(parent: Mapping[str, Any]) -> bool:
+    status = parent.get("status") or {}
+    if status.get("observedGeneration") != parent["metadata"].get("generation"):
+        return False
+    return any(
+        c.get("type") == "Degraded" and c.get("status") == "True" and c.get("reason") in RECONCILE_PROBLEMS
+        for c in status.get("conditions") or []
+    )
+
+
+def _api_message(error: ApiException) -> str:
+    try:
+        return str(json.loads(error.body).get("message", error.reason))
+    except (TypeError, ValueError):
+        return str(error.reason)

@@ -1,0 +1,90 @@
+"""Run the operator: connect, optionally wait for the leader lease, then run kopf until told to stop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import threading
+from dataclasses import dataclass
+
+from kubernetes.client import Configuration
+from kvferry.operator.connection import load_configuration
+from kvferry.operator.handlers import build_registry
+from kvferry.operator.health import start_health_server
+from kvferry.operator.kube import Kube
+from kvferry.operator.leader import LeaseElector, run_as_leader
+from kvferry.operator.reconcile import ReconcileSettings
+
+logger = logging.getLogger("kvferry.operator")
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    kubeconfig: str | None
+    namespaces: tuple[str, ...]  # empty: every namespace
+    leader_election: bool
+    lease_name: str
+    lease_namespace: str
+    lease_duration_s: float
+    identity: str
+    resync_s: float
+    health_host: str
+    health_port: int  # 0: no health endpoint
+    reconcile: ReconcileSettings
+
+
+async def _run_kopf(
+    config: OperatorConfig, kube: Kube, configuration: Configuration, lost: threading.Event
+) -> None:
+    import kopf
+
+    registry = build_registry(kube, configuration, config.reconcile, config.resync_s)
+    stop_flag = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    finished = threading.Event()
+
+    def forward_lost() -> None:
+        # kopf waits on a threading.Event through an executor thread that never returns; an asyncio
+        # flag set from here lets the loop shut down cleanly.
+        while not finished.is_set():
+            if lost.wait(0.5):
+                loop.call_soon_threadsafe(stop_flag.set)
+                return
+
+    threading.Thread(target=forward_lost, name="lease-lost", daemon=True).start()
+    try:
+        await kopf.operator(
+            registry=registry,
+            standalone=True,  # the Lease decides who runs; kopf's own peering stays off
+            clusterwide=not config.namespaces,
+            namespaces=config.namespaces,
+            stop_flag=stop_flag,
+        )
+    finally:
+        finished.set()
+
+
+def run_operator(config: OperatorConfig) -> int:
+    configuration = load_configuration(config.kubeconfig)
+    kube = Kube(configuration)
+
+    def lead(lost: threading.Event) -> int:
+        asyncio.run(_run_kopf(config, kube, configuration, lost))
+        return 0
+
+    if not config.leader_election:
+        if config.health_port:
+            start_health_server(config.health_host, config.health_port, lambda: True)
+        return lead(threading.Event())
+
+    elector = LeaseElector(
+        kube, config.lease_name, config.lease_namespace, config.identity, config.lease_duration_s
+    )
+    if config.health_port:
+        start_health_server(config.health_host, config.health_port, lambda: elector.leading)
+    stop = threading.Event()
+    # Until kopf installs its own handlers, SIGTERM/SIGINT end the wait for the lease.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    return run_as_leader(elector, lead, stop)

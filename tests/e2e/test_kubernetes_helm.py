@@ -1,0 +1,163 @@
+"""The Helm chart: lint, server-side dry runs, install / upgrade / uninstall, and its RBAC being enough."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.e2e.conftest import CRD, Cluster
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "kvferry"
+EXAMPLE = REPO / "examples" / "inferencecluster.yaml"
+EVERYTHING_ON = (
+    "redis.enabled=true",
+    "networkPolicy.enabled=true",
+    "exampleCluster.enabled=true",
+    "operator.replicas=2",
+)
+
+
+def release_of(cluster: Cluster) -> tuple[str, str]:
+    """Release name and the chart's full name, unique per test: cluster-scoped objects carry them."""
+    release = f"kvf-{cluster.namespace.rsplit('-', 1)[-1]}"
+    return release, f"{release}-kvferry"
+
+
+def set_flags(values: tuple[str, ...]) -> list[str]:
+    return [flag for value in values for flag in ("--set", value)]
+
+
+def release_objects(cluster: Cluster) -> list[str]:
+    release, _ = release_of(cluster)
+    selector = f"app.kubernetes.io/instance={release},app.kubernetes.io/managed-by=Helm"
+    kinds = "deployments,services,serviceaccounts,roles,rolebindings,networkpolicies"
+    namespaced = cluster.kubectl("get", kinds, "-l", selector, "-o", "name").stdout.split()
+    cluster_wide = cluster.kube.kubectl(
+        "get", "clusterroles,clusterrolebindings", "-l", selector, "-o", "name"
+    ).stdout.split()
+    return sorted(namespaced + cluster_wide)
+
+
+def test_lint_is_clean(cluster: Cluster) -> None:
+    for values in ((), EVERYTHING_ON, ("operator.watchNamespaces={a,b}",)):
+        done = cluster.kube.helm("lint", "--strict", str(CHART), *set_flags(values))
+        assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
+        assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout
+
+
+def test_values_schema_rejects_bad_values(cluster: Cluster) -> None:
+    for bad in ("operator.replicas=-1", "image.pullPolicy=Sometimes", "operator.unknown=1"):
+        done = cluster.kube.helm("lint", str(CHART), "--set", bad, check=False)
+        assert done.returncode != 0, bad
+        assert "values don't meet the specifications of the schema" in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(
+    "values",
+    [(), EVERYTHING_ON, ("operator.watchNamespaces={NAMESPACE}", "redis.enabled=true")],
+    ids=["defaults", "everything-on", "namespaced"],
+)
+def test_rendered_manifests_pass_a_server_side_dry_run(cluster: Cluster, values: tuple[str, ...]) -> None:
+    values = tuple(value.replace("NAMESPACE", cluster.namespace) for value in values)
+    rendered = cluster.kube.helm(
+        "template", release_of(cluster)[0], str(CHART), f"--namespace={cluster.namespace}", *set_flags(values)
+    ).stdout
+    documents = [doc for doc in yaml.safe_load_all(rendered) if doc]
+    assert documents, "nothing rendered"
+    done = cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-", input=rendered)
+    assert len(done.stdout.splitlines()) == len(documents)
+    for doc in documents:
+        if doc["kind"] == "Deployment":
+            pod = doc["spec"]["template"]["spec"]
+            assert pod["securityContext"]["runAsNonRoot"] is True
+            for container in pod["containers"]:
+                assert container["securityContext"] == {
+                    "runAsNonRoot": True,
+                    "allowPrivilegeEscalation": False,
+                    "readOnlyRootFilesystem": True,
+                    "capabilities": {"drop": ["ALL"]},
+                }
+
+
+def test_install_upgrade_uninstall(cluster: Cluster) -> None:
+    # helm installs crds/ only when the CRD is missing, so start without it to see helm create it.
+    cluster.kube.kubectl("delete", "crd", CRD, "--ignore-not-found", "--wait=true", "--timeout=60s")
+    release, fullname = release_of(cluster)
+    ns = f"--namespace={cluster.namespace}"
+    cluster.kube.helm("install", release, str(CHART), ns, "--wait", "--timeout=120s")
+
+    crd = json.loads(cluster.kube.kubectl("get", "crd", CRD, "-o", "json").stdout)
+    assert crd["spec"]["versions"][0]["name"] == "v1alpha1"
+    assert release_objects(cluster) == sorted(
+        [
+            f"clusterrole.rbac.authorization.k8s.io/{fullname}",
+            f"clusterrolebinding.rbac.authorization.k8s.io/{fullname}",
+            f"deployment.apps/{fullname}",
+            f"role.rbac.authorization.k8s.io/{fullname}-leader-election",
+            f"rolebinding.rbac.authorization.k8s.io/{fullname}-leader-election",
+            f"serviceaccount/{fullname}",
+        ]
+    )
+    deployment = cluster.get("deployment", fullname)
+    assert deployment["status"].get("readyReplicas") == 1
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["args"][:2] == ["operator", "--all-namespaces"]
+    assert f"--lease-name={fullname}" in container["args"]
+
+    cluster.kube.helm(
+        "upgrade", release, str(CHART), ns, "--wait", "--timeout=120s",
+        *set_flags(("operator.replicas=2", "operator.resyncSeconds=30", "redis.enabled=true", "exampleCluster.enabled=true")),
+    )  # fmt: skip
+    deployment = cluster.get("deployment", fullname)
+    assert deployment["spec"]["replicas"] == 2 and deployment["status"].get("readyReplicas") == 2
+    assert "--resync-seconds=30" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert cluster.get("deployment", f"{fullname}-redis") is not None
+    example = cluster.get("inferencecluster", "example")
+    assert example["spec"]["redis"]["url"] == f"redis://{fullname}-redis.{cluster.namespace}.svc:6379/0"
+
+    cluster.kube.helm("uninstall", release, ns, "--wait", "--timeout=120s")
+    cluster.wait("release objects removed", lambda: release_objects(cluster) == [], 60)
+    assert cluster.get("inferencecluster", "example") is None
+    assert cluster.kube.kubectl("get", "crd", CRD, check=False).returncode == 0  # helm keeps CRDs by design
+
+
+def test_chart_rbac_is_enough_and_no_more(cluster: Cluster, start_operator, tmp_path: Path) -> None:
+    ns = cluster.namespace
+    release, fullname = release_of(cluster)
+    cluster.kube.helm(
+        "install", release, str(CHART), f"--namespace={ns}", "--set", f"operator.watchNamespaces={{{ns}}}"
+    )
+    account = f"system:serviceaccount:{ns}:{fullname}"
+    for verb, resource in (
+        ("get", "secrets"),
+        ("list", "nodes"),
+        ("create", "pods"),
+        ("delete", "inferenceclusters"),
+    ):
+        answer = cluster.kubectl(
+            "auth", "can-i", verb, resource, f"--as={account}", check=False
+        ).stdout.strip()
+        assert answer == "no", f"the operator may {verb} {resource}"
+
+    # Run the operator with the chart's ServiceAccount token instead of the admin certificate.
+    token = cluster.kubectl("create", "token", fullname, "--duration=1h").stdout.strip()
+    admin = json.loads(Path(cluster.kube.kubeconfig).read_text())
+    kubeconfig = tmp_path / "operator.kubeconfig"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                **admin,
+                "users": [{"name": "user", "user": {"token": token}}],
+            }
+        )
+    )
+    operator = start_operator(f"--lease-name={fullname}", kubeconfig=str(kubeconfig))
+    cluster.apply(EXAMPLE.read_text())
+    status = cluster.wait_phase("tiny", "Ready")
+    assert status["decode"]["ready"] == 1
+    assert "Forbidden" not in operator.log() and "403" not in operator.log()
+    cluster.kube.helm("uninstall", release, f"--namespace={ns}", "--wait")

@@ -1,0 +1,245 @@
+"""The operator on the real control plane: children, readiness through kwok, scaling, rollouts, deletion."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tests.e2e.conftest import Cluster
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "inferencecluster.yaml"
+NAME = "tiny"  # metadata.name in the example
+CHILD_KINDS = "deployments,services,configmaps,serviceaccounts,roles,rolebindings"
+SELECTOR = f"kvferry.dev/cluster={NAME}"
+HANDLED = "kvferry.dev/last-handled-configuration"
+
+
+def example() -> dict[str, Any]:
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def child_counts(cluster: Cluster) -> Counter[str]:
+    return Counter(item["kind"] for item in cluster.items(CHILD_KINDS, SELECTOR))
+
+
+def ready_pods(cluster: Cluster, role: str) -> list[dict[str, Any]]:
+    pods = cluster.items("pods", f"{SELECTOR},kvferry.dev/role={role}")
+    return [
+        pod
+        for pod in pods
+        if pod["status"].get("phase") == "Running"
+        and not pod["metadata"].get("deletionTimestamp")
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+    ]
+
+
+def container_of(deployment: dict[str, Any]) -> dict[str, Any]:
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def handled_version(cluster: Cluster) -> str:
+    """resourceVersion once kopf has stored the creation as handled (its last write of a create cycle)."""
+
+    def handled() -> dict[str, Any] | None:
+        body = cluster.get("inferencecluster", NAME) or {}
+        return body if HANDLED in body.get("metadata", {}).get("annotations", {}) else None
+
+    return cluster.wait("kopf's last-handled-configuration annotation", handled, 30)["metadata"][
+        "resourceVersion"
+    ]
+
+
+def test_example_becomes_ready_with_expected_children(cluster: Cluster, start_operator) -> None:
+    start_operator()
+    cluster.apply(EXAMPLE.read_text())
+    status = cluster.wait_phase(NAME, "Ready")
+
+    owner = cluster.get("inferencecluster", NAME)["metadata"]["uid"]
+    assert child_counts(cluster) == {
+        "Deployment": 4,
+        "Service": 4,
+        "ConfigMap": 1,
+        "ServiceAccount": 1,
+        "Role": 1,
+        "RoleBinding": 1,
+    }
+    for child in cluster.items(CHILD_KINDS, SELECTOR):
+        [ref] = child["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (
+            "InferenceCluster",
+            NAME,
+            owner,
+            True,
+        )
+
+    prefill = cluster.get("deployment", f"{NAME}-prefill")
+    container = container_of(prefill)
+    assert container["image"] == "ghcr.io/kvferry/kvferry:0.1.0"
+    assert container["args"][:3] == ["prefill", "--config", "/etc/kvferry/cluster.json"]
+    assert container["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
+    assert container["securityContext"] == {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert {"name": "UCX_TLS", "value": "tcp,sm,self"} in container["env"]
+    volumes = {v["name"]: v for v in prefill["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["model"]["hostPath"] == {"path": "/var/lib/kvferry/models/tiny-llama", "type": "Directory"}
+    assert cluster.get("service", f"{NAME}-prefill")["spec"]["clusterIP"] == "None"
+    assert cluster.get("service", f"{NAME}-decode")["spec"]["clusterIP"] == "None"
+    router_service = cluster.get("service", f"{NAME}-router")
+    assert (
+        router_service["spec"]["type"] == "ClusterIP" and router_service["spec"]["ports"][0]["port"] == 8000
+    )
+    assert container_of(cluster.get("deployment", f"{NAME}-router"))["args"][0] == "router"
+    assert (
+        cluster.get("deployment", f"{NAME}-router")["spec"]["template"]["spec"]["serviceAccountName"]
+        == f"{NAME}-router"
+    )
+    config = yaml.safe_load(cluster.get("configmap", f"{NAME}-config")["data"]["cluster.json"])
+    assert config["redis"]["url"] == f"redis://{NAME}-redis.{cluster.namespace}.svc:6379/0"
+    assert config["model"]["path"] == "/models"
+
+    for role in ("prefill", "decode", "router"):
+        assert len(ready_pods(cluster, role)) == 1, f"{role} pods not Running+Ready through kwok"
+        assert status[role] == {"desired": 1, "ready": 1, "updated": 1}
+    conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
+    assert conditions == {
+        "Ready": ("True", "AllReplicasReady"),
+        "Progressing": ("False", "RolloutComplete"),
+        "Degraded": ("False", "AsExpected"),
+    }
+    assert status["routerEndpoint"] == f"http://{NAME}-router.{cluster.namespace}.svc:8000"
+
+    table = cluster.kubectl("get", "inferenceclusters").stdout.splitlines()
+    assert table[0].split() == ["NAME", "PHASE", "PREFILL", "READY", "DECODE", "READY", "ROUTER", "AGE"]
+    assert table[1].split()[:5] == [NAME, "Ready", "1", "1", status["routerEndpoint"]]
+
+
+def test_scale_prefill_up_and_down(cluster: Cluster, start_operator) -> None:
+    start_operator()
+    cluster.apply(EXAMPLE.read_text())
+    cluster.wait_phase(NAME, "Ready")
+    for replicas in (3, 1):
+        cluster.patch_spec(NAME, {"prefill": {"replicas": replicas}})
+        status = cluster.wait_phase(NAME, "Ready")
+        assert status["prefill"] == {"desired": replicas, "ready": replicas, "updated": replicas}
+        assert cluster.get("deployment", f"{NAME}-prefill")["spec"]["replicas"] == replicas
+        cluster.wait(
+            f"{replicas} prefill pods",
+            lambda replicas=replicas: (
+                len(cluster.items("pods", f"{SELECTOR},kvferry.dev/role=prefill")) == replicas
+            ),
+        )
+        assert len(ready_pods(cluster, "prefill")) == replicas
+
+
+def test_image_and_kv_changes_roll_out(cluster: Cluster, start_operator) -> None:
+    start_operator()
+    cluster.apply(EXAMPLE.read_text())
+    cluster.wait_phase(NAME, "Ready")
+    before = cluster.get("deployment", f"{NAME}-decode")["spec"]["template"]["metadata"]["annotations"]
+
+    cluster.patch_spec(NAME, {"image": "ghcr.io/kvferry/kvferry:0.2.0"})
+    cluster.wait_phase(NAME, "Ready")
+    for role in ("prefill", "decode", "router"):
+        sets = cluster.items("replicasets", f"{SELECTOR},kvferry.dev/role={role}")
+        live = [rs for rs in sets if rs["spec"]["replicas"] > 0]
+        assert len(sets) == 2, f"{role}: a rollout leaves the old ReplicaSet scaled to 0"
+        assert [container_of(rs)["image"] for rs in live] == ["ghcr.io/kvferry/kvferry:0.2.0"]
+        pods = ready_pods(cluster, role)
+        assert [pod["spec"]["containers"][0]["image"] for pod in pods] == ["ghcr.io/kvferry/kvferry:0.2.0"]
+
+    cluster.patch_spec(NAME, {"kvCache": {"blockSize": 32}})
+    cluster.wait_phase(NAME, "Ready")
+    after = cluster.get("deployment", f"{NAME}-decode")["spec"]["template"]["metadata"]["annotations"]
+    assert after["kvferry.dev/config-hash"] != before["kvferry.dev/config-hash"]
+    assert len(cluster.items("replicasets", f"{SELECTOR},kvferry.dev/role=decode")) == 3
+    config = yaml.safe_load(cluster.get("configmap", f"{NAME}-config")["data"]["cluster.json"])
+    assert config["kvCache"]["blockSize"] == 32
+
+
+def test_delete_removes_every_child(cluster: Cluster, start_operator) -> None:
+    start_operator()
+    cluster.apply(EXAMPLE.read_text())
+    cluster.wait_phase(NAME, "Ready")
+    assert sum(child_counts(cluster).values()) == 12
+    cluster.kubectl("delete", "inferencecluster", NAME, "--wait=true", "--timeout=60s")
+    # The controller-manager's garbage collector follows the owner references; the operator does nothing.
+    cluster.wait(
+        "every child garbage-collected",
+        lambda: not cluster.items(f"{CHILD_KINDS},replicasets,pods", SELECTOR),
+        90,
+    )
+
+
+def test_turning_managed_redis_off_prunes_it(cluster: Cluster, start_operator) -> None:
+    start_operator()
+    cluster.apply(EXAMPLE.read_text())
+    cluster.wait_phase(NAME, "Ready")
+    cluster.patch_spec(NAME, {"redis": {"managed": False, "url": "redis://shared-redis:6379/0"}})
+    cluster.wait_phase(NAME, "Ready")
+    cluster.wait(
+        "redis children deleted",
+        lambda: not cluster.items("deployments,services", f"{SELECTOR},kvferry.dev/role=redis"),
+    )
+    config = yaml.safe_load(cluster.get("configmap", f"{NAME}-config")["data"]["cluster.json"])
+    assert config["redis"]["url"] == "redis://shared-redis:6379/0"
+
+
+def test_a_child_deleted_by_hand_comes_back(cluster: Cluster, start_operator) -> None:
+    start_operator()
+    cluster.apply(EXAMPLE.read_text())
+    cluster.wait_phase(NAME, "Ready")
+    uid = cluster.get("service", f"{NAME}-decode")["metadata"]["uid"]
+    cluster.kubectl("delete", "service", f"{NAME}-decode")
+    restored = cluster.wait(
+        "decode Service re-created by the resync", lambda: cluster.get("service", f"{NAME}-decode"), 30
+    )
+    assert restored["metadata"]["uid"] != uid
+
+
+def test_model_source_that_cannot_work_is_degraded_without_retrying(cluster: Cluster, start_operator) -> None:
+    operator = start_operator()
+    manifest = example()
+    manifest["spec"]["model"]["source"] = "s3://bucket/tiny-llama"
+    cluster.apply(manifest)
+    status = cluster.wait_phase(NAME, "Degraded")
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "InvalidSpec")
+    assert degraded["message"].startswith(
+        "spec.model.source: 's3://bucket/tiny-llama': unsupported scheme 's3'"
+    )
+    assert child_counts(cluster) == {}
+
+    # No hot loop: once kopf has recorded the creation as handled, nothing writes the object across two
+    # resync periods, and kopf schedules no retry.
+    version = handled_version(cluster)
+    cluster.wait("two resync periods", lambda: operator.log().count("invalid spec") >= 2, 30)
+    assert cluster.get("inferencecluster", NAME)["metadata"]["resourceVersion"] == version
+    assert "will try again" not in operator.log() and "Traceback" not in operator.log()
+
+    cluster.patch_spec(NAME, {"model": {"source": "/opt/models/tiny-llama"}})
+    status = cluster.wait_phase(NAME, "Ready")
+    assert next(c for c in status["conditions"] if c["type"] == "Degraded")["status"] == "False"
+
+
+def test_child_the_apiserver_refuses_is_degraded_without_retrying(cluster: Cluster, start_operator) -> None:
+    operator = start_operator()
+    manifest = example()
+    manifest["spec"]["prefill"]["nodeSelector"] = {"not a label key!": "x"}  # the schema allows any key
+    cluster.apply(manifest)
+    status = cluster.wait_phase(NAME, "Degraded")
+    degraded = next(c for c in status["conditions"] if c["type"] == "Degraded")
+    assert degraded["reason"] == "ApplyFailed"
+    assert degraded["message"].startswith(f"Deployment {NAME}-prefill: ")
+    assert "nodeSelector" in degraded["message"]
+    version = handled_version(cluster)
+    cluster.wait("two resync periods", lambda: operator.log().count("Timer 'resync' succeeded") >= 2, 30)
+    assert cluster.get("inferencecluster", NAME)["metadata"]["resourceVersion"] == version
+    assert "will try again" not in operator.log() and "Traceback" not in operator.log()

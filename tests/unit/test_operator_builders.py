@@ -1,0 +1,237 @@
+"""The pure manifest builders: exact fields of every child an InferenceCluster gets."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from kvferry.operator.build_config import build_config_map, config_hash
+from kvferry.operator.build_rbac import build_router_role, build_router_role_binding
+from kvferry.operator.build_redis import build_redis_deployment, build_redis_service
+from kvferry.operator.build_services import build_node_service, build_router_service, router_endpoint
+from kvferry.operator.build_workloads import build_role_deployment
+from kvferry.operator.children import CHILD_KINDS, build_children
+from kvferry.operator.naming import ClusterRef
+from kvferry.operator.validation import parse_spec
+
+REF = ClusterRef(name="demo", namespace="serving", uid="0000-1111")
+OWNER = {
+    "apiVersion": "kvferry.dev/v1alpha1",
+    "kind": "InferenceCluster",
+    "name": "demo",
+    "uid": "0000-1111",
+    "controller": True,
+    "blockOwnerDeletion": True,
+}
+SECURE_CONTAINER = {
+    "runAsNonRoot": True,
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+
+def spec(**overrides: Any):
+    return parse_spec({"model": {"source": "pvc://weights/tiny", "servedName": "tiny"}, **overrides})
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    [only] = deployment["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def test_children_are_one_of_each_kind_in_dependency_order() -> None:
+    children = build_children(REF, spec())
+    assert [(c["kind"], c["metadata"]["name"]) for c in children] == [
+        ("ServiceAccount", "demo-router"),
+        ("Role", "demo-router"),
+        ("RoleBinding", "demo-router"),
+        ("ConfigMap", "demo-config"),
+        ("Service", "demo-prefill"),
+        ("Service", "demo-decode"),
+        ("Service", "demo-router"),
+        ("Deployment", "demo-prefill"),
+        ("Deployment", "demo-decode"),
+        ("Deployment", "demo-router"),
+    ]
+    assert {(c["apiVersion"], c["kind"]) for c in children} <= set(CHILD_KINDS)
+    for child in children:
+        assert child["metadata"]["namespace"] == "serving"
+        assert child["metadata"]["ownerReferences"] == [OWNER]
+        assert child["metadata"]["labels"]["kvferry.dev/cluster"] == "demo"
+        assert child["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "kvferry-operator"
+
+
+def test_managed_redis_adds_its_deployment_and_service() -> None:
+    names = [(c["kind"], c["metadata"]["name"]) for c in build_children(REF, spec(redis={"managed": True}))]
+    assert ("Deployment", "demo-redis") in names and ("Service", "demo-redis") in names
+
+
+def test_prefill_deployment() -> None:
+    s = spec(
+        image="registry.local/kvferry:1.2",
+        prefill={
+            "replicas": 3,
+            "resources": {"limits": {"nvidia.com/gpu": 1, "memory": "40Gi"}},
+            "env": [{"name": "POD_IP", "value": "overridden"}, {"name": "EXTRA", "value": "1"}],
+            "nodeSelector": {"gpu": "h200"},
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        },
+        transfer={"ucxTransports": ["cuda_ipc", "rc"]},
+    )
+    deployment = build_role_deployment(REF, s, "prefill", "abc123")
+    assert deployment["metadata"]["labels"] == {
+        "app.kubernetes.io/name": "kvferry",
+        "app.kubernetes.io/instance": "demo",
+        "app.kubernetes.io/component": "prefill",
+        "app.kubernetes.io/part-of": "kvferry",
+        "app.kubernetes.io/managed-by": "kvferry-operator",
+        "kvferry.dev/cluster": "demo",
+        "kvferry.dev/role": "prefill",
+    }
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["spec"]["selector"] == {
+        "matchLabels": {"kvferry.dev/cluster": "demo", "kvferry.dev/role": "prefill"}
+    }
+    template = deployment["spec"]["template"]
+    assert template["metadata"]["annotations"] == {"kvferry.dev/config-hash": "abc123"}
+    pod = template["spec"]
+    assert pod["nodeSelector"] == {"gpu": "h200"}
+    assert pod["tolerations"] == [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert "affinity" not in pod
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    c = container(deployment)
+    assert c["image"] == "registry.local/kvferry:1.2"
+    assert [c["command"], c["args"]] == [
+        ["kvferry"],
+        ["prefill", "--config", "/etc/kvferry/cluster.json", "--host", "0.0.0.0", "--port", "8000"],
+    ]
+    assert c["resources"] == {"limits": {"nvidia.com/gpu": 1, "memory": "40Gi"}}
+    env = {var["name"]: var for var in c["env"]}
+    assert list(env) == ["POD_NAME", "POD_NAMESPACE", "POD_IP", "UCX_TLS", "EXTRA"]
+    assert env["POD_IP"] == {"name": "POD_IP", "value": "overridden"}
+    assert env["UCX_TLS"] == {"name": "UCX_TLS", "value": "cuda_ipc,rc"}
+    assert c["securityContext"] == SECURE_CONTAINER
+    assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert {m["mountPath"]: m.get("readOnly", False) for m in c["volumeMounts"]} == {
+        "/etc/kvferry": True,
+        "/tmp": False,
+        "/dev/shm": False,
+        "/models": True,
+    }
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["config"] == {"name": "config", "configMap": {"name": "demo-config"}}
+    assert volumes["model"]["persistentVolumeClaim"] == {"claimName": "weights", "readOnly": True}
+
+
+def test_router_deployment_uses_its_service_account_and_api_key_secret() -> None:
+    s = spec(authSecret={"name": "api-keys"}, router={"affinity": {"nodeAffinity": {"x": 1}}})
+    deployment = build_role_deployment(REF, s, "router", "h")
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "demo-router"
+    assert "automountServiceAccountToken" not in pod
+    assert pod["affinity"] == {"nodeAffinity": {"x": 1}}
+    c = container(deployment)
+    assert c["args"][0] == "router"
+    env = {var["name"]: var for var in c["env"]}
+    assert env["KVFERRY_API_KEY"] == {
+        "name": "KVFERRY_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "api-keys", "key": "api-key"}},
+    }
+    assert "UCX_TLS" not in env
+    assert "/dev/shm" not in {m["mountPath"] for m in c["volumeMounts"]}
+
+
+def test_image_path_source_mounts_no_model_volume() -> None:
+    s = parse_spec({"model": {"source": "/opt/models/tiny", "servedName": "tiny"}})
+    pod = build_role_deployment(REF, s, "decode", "h")["spec"]["template"]["spec"]
+    assert "model" not in {v["name"] for v in pod["volumes"]}
+
+
+def test_config_map_carries_the_cluster_configuration() -> None:
+    config_map = build_config_map(REF, spec(redis={"managed": True}, kvCache={"blockSize": 32}))
+    assert config_map["metadata"]["name"] == "demo-config"
+    document = json.loads(config_map["data"]["cluster.json"])
+    assert document["model"] == {"path": "/models/tiny", "servedName": "tiny"}
+    assert document["kvCache"] == {"blockSize": 32, "memoryFraction": 0.9, "dtype": "auto"}
+    assert document["transfer"] == {"protocol": "ucx", "ucxTransports": []}
+    assert document["redis"] == {"url": "redis://demo-redis.serving.svc:6379/0"}
+    assert document["discovery"]["selectors"]["decode"] == {
+        "kvferry.dev/cluster": "demo",
+        "kvferry.dev/role": "decode",
+    }
+    external = json.loads(
+        build_config_map(REF, spec(redis={"url": "redis://cache:6379/1"}))["data"]["cluster.json"]
+    )
+    assert external["redis"] == {"url": "redis://cache:6379/1"}
+
+
+@pytest.mark.parametrize(
+    ("change", "rolls"),
+    [
+        ({"kvCache": {"blockSize": 32}}, True),
+        ({"kvCache": {"memoryFraction": 0.5}}, True),
+        ({"transfer": {"protocol": "tcp"}}, True),
+        ({"redis": {"managed": True}}, True),
+        ({"prefill": {"replicas": 5}}, False),
+        ({"image": "other:tag"}, False),  # the image is in the template itself
+    ],
+)
+def test_config_hash_follows_the_configuration(change: dict[str, Any], rolls: bool) -> None:
+    before = config_hash(build_config_map(REF, spec()))
+    after = config_hash(build_config_map(REF, spec(**change)))
+    assert (before != after) is rolls
+
+
+def test_services() -> None:
+    node = build_node_service(REF, "decode")
+    assert node["spec"] == {
+        "clusterIP": "None",
+        "selector": {"kvferry.dev/cluster": "demo", "kvferry.dev/role": "decode"},
+        "ports": [{"name": "http", "port": 8000, "targetPort": "http", "protocol": "TCP"}],
+    }
+    router = build_router_service(REF, spec(router={"serviceType": "LoadBalancer", "port": 80}))
+    assert router["spec"]["type"] == "LoadBalancer"
+    assert router["spec"]["ports"] == [{"name": "http", "port": 80, "targetPort": "http", "protocol": "TCP"}]
+    assert router["spec"]["selector"] == {"kvferry.dev/cluster": "demo", "kvferry.dev/role": "router"}
+
+
+def test_router_endpoint() -> None:
+    assert router_endpoint(REF, spec(), None) == "http://demo-router.serving.svc:8000"
+    balanced = spec(router={"serviceType": "LoadBalancer", "port": 80})
+    assert router_endpoint(REF, balanced, {"status": {}}) == "http://demo-router.serving.svc:80"
+    service = {"status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.7"}]}}}
+    assert router_endpoint(REF, balanced, service) == "http://203.0.113.7:80"
+
+
+def test_router_rbac_is_read_only_discovery() -> None:
+    assert build_router_role(REF)["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {
+            "apiGroups": ["discovery.k8s.io"],
+            "resources": ["endpointslices"],
+            "verbs": ["get", "list", "watch"],
+        },
+    ]
+    binding = build_router_role_binding(REF)
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "demo-router",
+    }
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "demo-router", "namespace": "serving"}]
+
+
+def test_redis() -> None:
+    s = spec(redis={"managed": True, "image": "redis:7"})
+    deployment = build_redis_deployment(REF, s)
+    c = container(deployment)
+    assert c["image"] == "redis:7"
+    assert c["securityContext"] == SECURE_CONTAINER
+    assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 999
+    assert build_redis_service(REF)["spec"]["ports"] == [
+        {"name": "redis", "port": 6379, "targetPort": "redis"}
+    ]
