@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kvferry.engine.engine_args import EngineArgs
 from kvferry.engine.llm_engine import LLMEngine, PromptInput
 from kvferry.engine.outputs import RequestOutput
 from kvferry.engine.sampling_params import SamplingParams
+
+T = TypeVar("T")
 
 
 class EngineDeadError(RuntimeError):
@@ -63,17 +65,32 @@ class AsyncLLMEngine:
             self._deliver(request_id, error)
 
     async def add_request(
-        self, request_id: str, prompt: PromptInput, params: SamplingParams | None = None
+        self, request_id: str, prompt: PromptInput, params: SamplingParams | None = None, hold_kv: bool = False
     ) -> AsyncIterator[RequestOutput]:
         """Validates and queues at once (raising ValueError for bad input); iterate for outputs."""
+        return self._start(request_id, lambda: self.engine.add_request(request_id, prompt, params, hold_kv))
+
+    async def activate(self, request_id: str, first_token: int, logprobs: dict[int, float] | None = None) -> AsyncIterator[RequestOutput]:
+        """Decode side: start decoding a reserved request from the token its prefill node sampled."""
+        return self._start(request_id, lambda: self.engine.activate(request_id, first_token, logprobs))
+
+    def _start(self, request_id: str, begin: Callable[[], RequestOutput | None]) -> AsyncIterator[RequestOutput]:
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         with self._lock:
             if self.error is not None:
                 raise EngineDeadError(f"engine is dead: {self.error!r}")
-            self.engine.add_request(request_id, prompt, params)
-            self._queues[request_id] = (asyncio.get_running_loop(), queue)
+            first = begin()
+            if first is not None:
+                queue.put_nowait(first)
+            if first is None or not first.finished:
+                self._queues[request_id] = (asyncio.get_running_loop(), queue)
             self._lock.notify()
         return self._stream(request_id, queue)
+
+    def run_locked(self, fn: Callable[[LLMEngine], T]) -> T:
+        """Run a short synchronous engine call (reserve, release_kv, stats) between two steps."""
+        with self._lock:
+            return fn(self.engine)
 
     async def _stream(
         self, request_id: str, queue: asyncio.Queue[RequestOutput | BaseException]

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "kvferry.engine.commands",
     "kvferry.operator.command",
+    "kvferry.serve_commands",
 )
 
 

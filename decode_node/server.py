@@ -1,0 +1,90 @@
+"""The decode node: reserves blocks for KV that a prefill node sends, then decodes with continuous
+batching and streams tokens (NDJSON). It can also prefill locally when no prefill node can."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import StreamingResponse
+from kvferry.kvcache import OutOfBlocksError
+from kvferry.transfer.kv_connector import DestinationHandle, KVReceiver
+
+from kvferry.internal_api import API_PREFIX, DecodeRequest, GenerateRequest, ReserveRequest, ReserveResponse
+from kvferry.node_runtime import NodeRuntime, add_common_routes, ndjson_deltas
+
+LEASE_SWEEP_SECONDS = 0.25
+
+
+def create_app(runtime: NodeRuntime) -> FastAPI:
+    handles: dict[str, DestinationHandle] = {}
+
+    def free_expired(request_id: str, _block_ids: list[int]) -> None:
+        handles.pop(request_id, None)
+        runtime.engine.run_locked(lambda engine: engine.cancel_reservation(request_id))
+
+    receiver = KVReceiver(
+        runtime.transfer, runtime.engine.engine.pool, runtime.model_name, runtime.config.lease_seconds, on_expired=free_expired
+    )
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async def sweep() -> None:  # leases end on time even when nobody asks about them
+            while True:
+                await asyncio.sleep(LEASE_SWEEP_SECONDS)
+                receiver.expire_due()
+
+        task = asyncio.create_task(sweep())
+        yield
+        task.cancel()
+        runtime.close()
+
+    app = FastAPI(title="kvferry decode node", lifespan=lifespan)
+    add_common_routes(app, runtime)
+
+    @app.post(f"{API_PREFIX}/reserve")
+    def reserve(body: ReserveRequest) -> ReserveResponse:
+        try:
+            params = body.sampling.to_params()
+            reservation = runtime.engine.run_locked(
+                lambda engine: engine.reserve(body.request_id, {"prompt_token_ids": body.prompt_token_ids}, params)
+            )
+        except OutOfBlocksError as exc:
+            raise HTTPException(503, str(exc)) from None
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
+        handle = receiver.expect(body.request_id, reservation.block_ids, reservation.first_block)
+        handles[body.request_id] = handle
+        return ReserveResponse(handle=handle.to_json(), cached_blocks=reservation.first_block)
+
+    @app.post(f"{API_PREFIX}/decode")
+    async def decode(body: DecodeRequest) -> StreamingResponse:
+        handle = handles.pop(body.request_id, None)
+        if handle is None or not receiver.wait(handle, timeout=0):
+            free_expired(body.request_id, [])
+            raise HTTPException(409, f"the KV of {body.request_id!r} has not arrived (unknown, expired or cancelled)")
+        receiver.release(handle)
+        stream = await runtime.engine.activate(body.request_id, body.first_token, body.logprobs)
+        return StreamingResponse(ndjson_deltas(stream), media_type="application/x-ndjson")
+
+    @app.post(f"{API_PREFIX}/generate")
+    async def generate(body: GenerateRequest) -> StreamingResponse:
+        try:
+            stream = await runtime.engine.add_request(
+                body.request_id, {"prompt_token_ids": body.prompt_token_ids}, body.sampling.to_params()
+            )
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
+        return StreamingResponse(ndjson_deltas(stream), media_type="application/x-ndjson")
+
+    @app.post(f"{API_PREFIX}/abort/{{request_id}}")
+    def abort(request_id: str) -> dict[str, bool]:
+        handle = handles.pop(request_id, None)
+        if handle is not None:
+            receiver.release(handle)
+        runtime.engine.abort(request_id)
+        return {"aborted": True}
+
+    return app

@@ -1,0 +1,91 @@
+"""The nodes' internal HTTP API, version 1: the messages the router and the nodes exchange.
+
+Documented in docs/internals.md. Every body is validated here, so a malformed call gets a 422 before
+it reaches an engine.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+API_PREFIX = "/internal/v1"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SamplingSpec(_Strict):
+    """The subset of SamplingParams that travels between processes (same names, same rules)."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    max_tokens: int = 16
+    logprobs: int | None = None
+
+    def to_params(self, **overrides: Any):  # -> SamplingParams; imported lazily to keep this module light
+        from kvferry.engine import SamplingParams
+
+        return SamplingParams(**{**self.model_dump(), **overrides})
+
+
+class ReserveRequest(_Strict):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingSpec
+
+
+class ReserveResponse(_Strict):
+    handle: dict[str, Any]  # a transfer.kv_connector.DestinationHandle as JSON
+    cached_blocks: int
+
+
+class PrefillRequest(_Strict):
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingSpec
+    handle: dict[str, Any]
+
+
+class PrefillResponse(_Strict):
+    first_token: int
+    logprobs: dict[int, float] | None = None
+    kv_bytes: int
+    prefill_ms: float
+    transfer_ms: float
+
+
+class DecodeRequest(_Strict):
+    request_id: str
+    first_token: int
+    logprobs: dict[int, float] | None = None
+
+
+class GenerateRequest(_Strict):
+    """A decode node prefilling locally (no prefill node, or it failed)."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingSpec
+
+
+class StreamChunk(_Strict):
+    """One NDJSON line of a decode stream: what is new since the previous line."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None = None
+    logprobs: list[dict[int, float]] | None = None
+    error: str | None = None

@@ -1,0 +1,121 @@
+"""`kvferry up`: a whole cluster on this machine, each node its own process, stopped together."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+CACHE = Path(os.environ.get("KVFERRY_CACHE", Path.home() / ".cache" / "kvferry"))
+READY_TIMEOUT_SECONDS = 180
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def demo_model() -> Path:
+    from kvferry.engine.make_model import make_model
+
+    folder = CACHE / "models" / "demo-llama-tiny"
+    if not (folder / "config.json").is_file():
+        print(f"writing a tiny random-weight checkpoint to {folder} (it produces random text)")
+        make_model("llama", "tiny", folder)
+    return folder
+
+
+class LocalCluster:
+    def __init__(self) -> None:
+        self.processes: list[tuple[str, subprocess.Popen]] = []
+        self.workdir = Path(tempfile.mkdtemp(prefix="kvferry-up-"))
+
+    def spawn(self, name: str, args: list[str]) -> None:
+        log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115 - kept open for the child's lifetime
+        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.processes.append((name, process))
+
+    def registry(self, redis_url: str | None) -> str:
+        if redis_url:
+            return redis_url
+        binary = shutil.which("redis-server")
+        if binary is None:
+            print("redis-server not found: nodes find each other through a registry folder instead")
+            return f"file://{self.workdir / 'registry'}"
+        port = free_port()
+        self.spawn("redis", [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"])
+        return f"redis://127.0.0.1:{port}/0"
+
+    def wait_ready(self, urls: dict[str, str]) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        pending = dict(urls)
+        while pending:
+            for name, process in self.processes:
+                if process.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {process.returncode}; see {self.workdir / (name + '.log')}")
+            for name, url in list(pending.items()):
+                try:
+                    if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
+                        print(f"  {name} ready at {url}")
+                        del pending[name]
+                except httpx.HTTPError:
+                    pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not ready after {READY_TIMEOUT_SECONDS}s: {', '.join(pending)}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        for _, process in reversed(self.processes):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for _, process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def run_local_cluster(model: str | None, num_prefill: int, num_decode: int, redis_url: str | None, port: int) -> int:
+    model_dir = Path(model) if model else demo_model()
+    cluster = LocalCluster()
+    python = [sys.executable, "-m", "kvferry"]
+    try:
+        registry = cluster.registry(redis_url)
+        urls: dict[str, str] = {}
+        for role, count in (("prefill", num_prefill), ("decode", num_decode)):
+            for index in range(count):
+                name, node_port = f"{role}-{index}", free_port()
+                urls[name] = f"http://127.0.0.1:{node_port}"
+                cluster.spawn(name, [*python, role, "--model", str(model_dir), "--name", name, "--registry", registry, "--port", str(node_port)])
+        router = [*python, "router", "--model", str(model_dir), "--port", str(port)]
+        for name, url in urls.items():
+            router += ["--prefill" if name.startswith("prefill") else "--decode", url]
+        cluster.spawn("router", router)
+        urls["router"] = f"http://127.0.0.1:{port}"
+        print(f"starting {num_prefill} prefill and {num_decode} decode nodes (logs in {cluster.workdir})")
+        cluster.wait_ready(urls)
+        print(f"\nkvferry is up at http://127.0.0.1:{port}  (model {model_dir.name}; Ctrl-C stops everything)\n")
+        print(f"  curl http://127.0.0.1:{port}/v1/completions -H 'Content-Type: application/json' \\")
+        print(f"    -d '{{\"model\": \"{model_dir.name}\", \"prompt\": \"Hello\", \"max_tokens\": 16}}'\n")
+        signal.signal(signal.SIGTERM, _interrupt)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        print("stopping kvferry")
+        cluster.stop()

@@ -1,0 +1,130 @@
+"""What prefill and decode nodes share: their settings, engine + transfer start-up, common routes, and
+turning an engine stream into NDJSON lines."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from kvferry.engine import AsyncLLMEngine, EngineArgs, LLMEngine, RequestOutput
+from kvferry.internal_api import StreamChunk
+from kvferry.transfer import TransferConfig, TransferEngine
+from kvferry.transfer.kv_connector import pool_description
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    role: str  # "prefill" or "decode"
+    name: str
+    model: str
+    registry: str  # redis://..., file:///folder
+    host: str = "127.0.0.1"
+    port: int = 8100
+    dtype: str = "auto"
+    max_model_len: int | None = None
+    num_kv_blocks: int | None = None
+    transfer_timeout_seconds: float = 2.0
+    lease_seconds: float = 5.0
+
+
+def add_node_arguments(parser: argparse.ArgumentParser, role: str) -> None:
+    parser.add_argument("--model", required=True, help="Hugging Face model folder")
+    parser.add_argument("--name", default=f"{role}-0", help="this node's name in the registry")
+    parser.add_argument("--registry", required=True, help="redis://host:port/db or file:///shared/folder")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8100)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--num-kv-blocks", type=int, default=None)
+    parser.add_argument("--transfer-timeout", type=float, default=2.0, help="seconds before a KV transfer fails")
+    parser.add_argument("--lease", type=float, default=5.0, help="seconds a decode node holds blocks for KV to arrive")
+
+
+def node_config_from(args: argparse.Namespace, role: str) -> NodeConfig:
+    return NodeConfig(
+        role=role, name=args.name, model=args.model, registry=args.registry, host=args.host, port=args.port,
+        dtype=args.dtype, max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks,
+        transfer_timeout_seconds=args.transfer_timeout, lease_seconds=args.lease,
+    )
+
+
+@dataclass
+class NodeRuntime:
+    config: NodeConfig
+    engine: AsyncLLMEngine
+    transfer: TransferEngine
+
+    @classmethod
+    def start(cls, config: NodeConfig) -> NodeRuntime:
+        args = EngineArgs(dtype=config.dtype, max_model_len=config.max_model_len, num_kv_blocks=config.num_kv_blocks)
+        engine = LLMEngine(config.model, args)
+        transfer = TransferEngine(TransferConfig(timeout_seconds=config.transfer_timeout_seconds))
+        transfer.initialize(
+            config.name, config.registry, "ucx", role=config.role, url=f"http://{config.host}:{config.port}",
+            pool=pool_description(engine.served_model_name, engine.pool),
+        )
+        return cls(config, AsyncLLMEngine(engine), transfer)
+
+    @property
+    def model_name(self) -> str:
+        return self.engine.engine.served_model_name
+
+    def stats(self) -> dict[str, object]:
+        def read(engine: LLMEngine) -> dict[str, object]:
+            blocks = engine.allocator.stats()
+            return {
+                "role": self.config.role,
+                "name": self.config.name,
+                "running": len(engine.scheduler.running),
+                "waiting": len(engine.scheduler.waiting),
+                "reserved": len(engine.reserved),
+                "held_kv": len(engine.held_kv),
+                "blocks": blocks.__dict__,
+                "preemptions": engine.scheduler.num_preemptions,
+                "transfer": dict(self.transfer.stats),
+            }
+
+        return self.engine.run_locked(read)
+
+    def close(self) -> None:
+        self.engine.shutdown()
+        self.transfer.close()
+
+
+def add_common_routes(app: FastAPI, runtime: NodeRuntime) -> None:
+    @app.get("/health")
+    def health() -> JSONResponse:
+        if runtime.engine.error is not None:
+            return JSONResponse({"status": "unhealthy", "error": repr(runtime.engine.error)}, status_code=503)
+        return JSONResponse({"status": "ok", "role": runtime.config.role, "model": runtime.model_name})
+
+    @app.get("/ready")
+    def ready() -> JSONResponse:
+        return health()
+
+    @app.get("/stats")
+    def stats() -> dict[str, object]:
+        return runtime.stats()
+
+
+async def ndjson_deltas(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
+    """Cumulative engine outputs -> one JSON line per step with only what is new (n == 1)."""
+    sent_tokens, sent_text = 0, 0
+    try:
+        async for output in stream:
+            completion = output.outputs[0]
+            chunk = StreamChunk(
+                token_ids=completion.token_ids[sent_tokens:],
+                text=completion.text[sent_text:],
+                finish_reason=completion.finish_reason,
+                logprobs=completion.logprobs[sent_tokens:] if completion.logprobs is not None else None,
+            )
+            sent_tokens, sent_text = len(completion.token_ids), len(completion.text)
+            yield (chunk.model_dump_json() + "\n").encode()
+    except Exception as exc:  # noqa: BLE001 - the stream is already open: report in-band, then end
+        yield (json.dumps({"token_ids": [], "text": "", "finish_reason": "error", "error": str(exc)}) + "\n").encode()
