@@ -32,11 +32,11 @@ cluster-binaries:
 lint: venv
 	$(BIN)/ruff check .
 
-# Until the serving nodes land (issue [5]), `make up` runs the offline demo on a tiny random checkpoint.
-DEMO_MODEL := $(CACHE)/models/demo-llama-tiny
+# A local cluster: redis-server (when installed), one prefill node, one decode node and the router on
+# port 8000. Without MODEL it serves a tiny random checkpoint (random text). Ctrl-C stops it all.
+MODEL ?=
 up: venv
-	@test -f $(DEMO_MODEL)/config.json || $(BIN)/kvferry make-model --arch llama --size tiny --out $(DEMO_MODEL)
-	$(BIN)/kvferry generate --model $(DEMO_MODEL) --chat --prompt "Where does the ferry go?" --prompt "Tell me about Kubernetes."
+	$(BIN)/kvferry up $(if $(MODEL),--model $(MODEL))
 
 # pytest's exit code 5 means no test ran: reported and failed like any other failure.
 test: venv system-packages cluster-binaries lint
