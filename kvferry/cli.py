@@ -13,6 +13,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "kvferry.engine.commands",
     "kvferry.operator.command",
     "kvferry.serve_commands",
+    "kvferry.bench_commands",
 )
 
 
@@ -29,7 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # A command that wraps another program (bench-transfer) takes every argument it does not know.
+        if not getattr(args, "pass_through", False):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.arguments = [*getattr(args, "arguments", []), *extra]
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -29,7 +29,7 @@ def test_operator_folder_has_no_init_and_stdlib_operator_still_wins():
 
 def test_cli_help_from_the_repo_root():
     out = _run([sys.executable, "-m", "kvferry", "--help"], REPO)
-    for command in ("make-model", "generate", "operator"):
+    for command in ("make-model", "generate", "operator", "prefill", "decode", "router", "up", "bench-transfer"):
         assert command in out.stdout
     assert "make-model" in _run([str(VENV_BIN / "kvferry"), "--help"], REPO).stdout
 
