@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,14 +13,10 @@ from pathlib import Path
 
 import httpx
 
+from kvferry.redis_server import RedisServer, free_port
+
 CACHE = Path(os.environ.get("KVFERRY_CACHE", Path.home() / ".cache" / "kvferry"))
 READY_TIMEOUT_SECONDS = 180
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def demo_model() -> Path:
@@ -38,6 +33,7 @@ class LocalCluster:
     def __init__(self) -> None:
         self.processes: list[tuple[str, subprocess.Popen]] = []
         self.workdir = Path(tempfile.mkdtemp(prefix="kvferry-up-"))
+        self.redis: RedisServer | None = None
 
     def spawn(self, name: str, args: list[str]) -> None:
         log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115 - kept open for the child's lifetime
@@ -47,13 +43,12 @@ class LocalCluster:
     def registry(self, redis_url: str | None) -> str:
         if redis_url:
             return redis_url
-        binary = shutil.which("redis-server")
-        if binary is None:
+        if shutil.which("redis-server") is None:
             print("redis-server not found: nodes find each other through a registry folder instead")
             return f"file://{self.workdir / 'registry'}"
-        port = free_port()
-        self.spawn("redis", [binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly", "no"])
-        return f"redis://127.0.0.1:{port}/0"
+        self.redis = RedisServer(self.workdir, log=self.workdir / "redis.log")
+        print(f"  redis-server on {self.redis.url}")
+        return self.redis.url
 
     def wait_ready(self, urls: dict[str, str]) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
@@ -83,6 +78,8 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()
+        if self.redis is not None:
+            self.redis.stop()
 
 
 def _interrupt(*_: object) -> None:
