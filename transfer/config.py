@@ -16,10 +16,11 @@ class TransferConfig:
     idle_wait_ms: int = 1
     # How often the engine refreshes its registry record (whose TTL is longer).
     heartbeat_seconds: float = 5.0
-    # UCX 1.21 moves a scatter-gather message by zero-copy rendezvous (the receiver pulls the sender's
-    # ranges through CMA or RDMA READ) only up to a small number of entries; past that it falls back to
-    # eager copies through shared memory in 8 KiB fragments, several times slower. Host-memory batches
-    # are cut into messages of at most this many ranges.
+    # Small host-memory ranges share scatter-gather messages of at most this many ranges (UCX 1.21
+    # copies those through shared memory in fragments; fewer entries keep its pipeline short).
     max_ranges_per_message: int = 16
+    # Ranges at least this long travel as their own contiguous message, which UCX moves by zero-copy
+    # rendezvous (a CMA read on one host); below it the per-message cost wins over the extra copy.
+    min_zero_copy_bytes: int = 64 * 1024
     # Control receives kept posted, so that several peers can talk at once.
     control_receives: int = 8

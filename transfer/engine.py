@@ -399,25 +399,28 @@ class TransferEngine:
             self.on_write_finished(write["token"], write["ranges"], ok)
 
     # ---- data messages ----------------------------------------------------------------------
-    def _send_data(self, op: _Operation, endpoint: Any, ranges: list[tuple[int, int]], tag_base: int, iov: bool) -> None:
-        if iov:
-            for index, chunk in enumerate(ucp_iov.chunks(ranges, self.config.max_ranges_per_message)):
-                op.requests.append(ucp_iov.send_iov(endpoint.handle, self.worker.handle, chunk, tag_base | index))
-            return
-        for index, (address, length) in enumerate(ranges):
-            buffer = self.memory.buffer(address, length)
-            op.keep.append(buffer)
-            op.requests.append(UcxWorker.send(endpoint, buffer, tag_base | index))
+    def _plan(self, ranges: list[tuple[int, int]], iov: bool) -> list[tuple[int, list[tuple[int, int]]]]:
+        return plan_messages(ranges, iov, self.config.min_zero_copy_bytes, self.config.max_ranges_per_message)
 
-    def _receive_data(self, op: _Operation, endpoint: Any, ranges: list[tuple[int, int]], tag_base: int, iov: bool) -> None:
-        if iov:
-            for index, chunk in enumerate(ucp_iov.chunks(ranges, self.config.max_ranges_per_message)):
-                op.requests.append(ucp_iov.recv_iov(self.worker.handle, chunk, tag_base | index))
-            return
-        for index, (address, length) in enumerate(ranges):
-            buffer = self.memory.buffer(address, length)
+    def _send_data(self, op: _Operation, endpoint: Any, ranges: list[tuple[int, int]], tag_base: int, host: bool) -> None:
+        """Host memory goes through the direct UCP binding (cheaper per message than ucxx's objects);
+        device memory through ucxx, which describes it to UCX as CUDA memory (CUDA IPC)."""
+        for offset, group in self._plan(ranges, host):
+            if host:
+                op.requests.append(ucp_iov.send(endpoint.handle, self.worker.handle, group, tag_base | offset))
+                continue
+            buffer = self.memory.buffer(*group[0])
             op.keep.append(buffer)
-            op.requests.append(UcxWorker.recv(endpoint, buffer, tag_base | index))
+            op.requests.append(UcxWorker.send(endpoint, buffer, tag_base | offset))
+
+    def _receive_data(self, op: _Operation, endpoint: Any, ranges: list[tuple[int, int]], tag_base: int, host: bool) -> None:
+        for offset, group in self._plan(ranges, host):
+            if host:
+                op.requests.append(ucp_iov.recv(self.worker.handle, group, tag_base | offset))
+                continue
+            buffer = self.memory.buffer(*group[0])
+            op.keep.append(buffer)
+            op.requests.append(UcxWorker.recv(endpoint, buffer, tag_base | offset))
 
     # ---- reads ------------------------------------------------------------------------------
     def _start_read(self, target: str, local: list[int], remote: list[int], lengths: list[int], future: Future[int]) -> None:
@@ -488,6 +491,28 @@ def _cancel(op: _Operation) -> None:
 def _fail(op: _Operation, error: TransferError) -> None:
     if op.future is not None and not op.future.done():
         op.future.set_exception(error)
+
+
+_GROUP_TAG_BIT = 1 << (_INDEX_BITS - 1)
+
+
+def plan_messages(
+    ranges: list[tuple[int, int]], iov: bool, min_zero_copy_bytes: int, max_ranges_per_message: int
+) -> list[tuple[int, list[tuple[int, int]]]]:
+    """How a batch travels: (tag offset, ranges) per message, computed alike on both sides from the
+    same lengths. A range of at least min_zero_copy_bytes goes alone, since UCX moves a contiguous
+    message by zero-copy rendezvous; smaller ones share scatter-gather messages (UCX copies those through
+    shared memory, but one message instead of many is what counts at that size)."""
+    messages: list[tuple[int, list[tuple[int, int]]]] = []
+    small: list[tuple[int, int]] = []
+    for index, (address, length) in enumerate(ranges):
+        if iov and length < min_zero_copy_bytes:
+            small.append((address, length))
+        else:
+            messages.append((index, [(address, length)]))
+    for group, chunk in enumerate(ucp_iov.chunks(small, max_ranges_per_message)):
+        messages.append((_GROUP_TAG_BIT | group, list(chunk)))
+    return messages
 
 
 def merge_adjacent(first: list[int], second: list[int], lengths: list[int]) -> tuple[list[int], list[int], list[int]]:

@@ -57,6 +57,7 @@ class _RequestParam(ctypes.Structure):
 
 
 _IOV_PARAM = _RequestParam(op_attr_mask=UCP_OP_ATTR_FIELD_DATATYPE, datatype=UCP_DATATYPE_IOV)
+_CONTIG_PARAM = _RequestParam(op_attr_mask=0)  # contiguous bytes, UCP's default datatype
 
 
 class UcpError(RuntimeError):
@@ -66,7 +67,7 @@ class UcpError(RuntimeError):
 class IovRequest:
     """A UCP request with the face of a ucxx request (`completed`, `check_error()`)."""
 
-    def __init__(self, pointer: int | None, iov: ctypes.Array, worker_handle: int) -> None:
+    def __init__(self, pointer: int | None, iov: ctypes.Array | None, worker_handle: int) -> None:
         self._iov = iov  # UCX reads the list until completion
         self._worker = worker_handle
         self._pointer = pointer
@@ -107,13 +108,23 @@ def _iov(ranges: Sequence[tuple[int, int]]) -> ctypes.Array:
     return iov
 
 
-def send_iov(endpoint_handle: int, worker_handle: int, ranges: Sequence[tuple[int, int]], tag: int) -> IovRequest:
+def send(endpoint_handle: int, worker_handle: int, ranges: Sequence[tuple[int, int]], tag: int) -> IovRequest:
+    """One tagged message from `ranges`: gathered when there are several, zero-copy capable when one."""
+    if len(ranges) == 1:
+        address, length = ranges[0]
+        pointer = _UCP.ucp_tag_send_nbx(endpoint_handle, address, length, tag, ctypes.byref(_CONTIG_PARAM))
+        return IovRequest(pointer, None, worker_handle)
     iov = _iov(ranges)
     pointer = _UCP.ucp_tag_send_nbx(endpoint_handle, iov, len(ranges), tag, ctypes.byref(_IOV_PARAM))
     return IovRequest(pointer, iov, worker_handle)
 
 
-def recv_iov(worker_handle: int, ranges: Sequence[tuple[int, int]], tag: int) -> IovRequest:
+def recv(worker_handle: int, ranges: Sequence[tuple[int, int]], tag: int) -> IovRequest:
+    """One tagged message into `ranges` (scattered when there are several)."""
+    if len(ranges) == 1:
+        address, length = ranges[0]
+        pointer = _UCP.ucp_tag_recv_nbx(worker_handle, address, length, tag, FULL_MASK, ctypes.byref(_CONTIG_PARAM))
+        return IovRequest(pointer, None, worker_handle)
     iov = _iov(ranges)
     pointer = _UCP.ucp_tag_recv_nbx(worker_handle, iov, len(ranges), tag, FULL_MASK, ctypes.byref(_IOV_PARAM))
     return IovRequest(pointer, iov, worker_handle)
