@@ -14,6 +14,7 @@ UCX call happens on one loop thread; callers get futures. Every operation has a 
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import queue
@@ -25,7 +26,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvferry.transfer import protocol, ucp_iov
+from kvferry.transfer import protocol, ucp_direct
 from kvferry.transfer.config import TransferConfig
 from kvferry.transfer.errors import (
     PeerUnreachableError,
@@ -91,6 +92,7 @@ class TransferEngine:
         self._outbound: dict[int, _Operation] = {}
         self._inbound: dict[tuple[str, int], _Operation] = {}
         self._endpoints: dict[str, tuple[bytes, Any]] = {}
+        self._rkeys: dict[str, dict[str, int]] = {}  # peer -> packed remote key -> unpacked, per endpoint
         self._control: list[tuple[Request, bytearray]] = []
         self._closing = threading.Event()
         self._thread: threading.Thread | None = None
@@ -127,11 +129,23 @@ class TransferEngine:
                 log.warning("could not refresh the registry record of %s", self.local_name)
 
     def register_memory(self, address: int, length: int, cuda: bool = False) -> int:
-        self._call(lambda: self.memory.register(address, length, cuda))
+        """Host memory is also mapped for RMA, so that peers can put into it (device memory moves by
+        tagged messages through CUDA IPC)."""
+
+        def register() -> None:
+            mapped = () if cuda else ucp_direct.map_memory(self.worker.context_handle, address, length)
+            self.memory.register(address, length, cuda, *mapped)
+
+        self._call(register)
         return 0
 
     def unregister_memory(self, address: int) -> int:
-        self._call(lambda: self.memory.unregister(address))
+        def unregister() -> None:
+            region = self.memory.unregister(address)
+            if region.memh is not None:
+                ucp_direct.unmap_memory(self.worker.context_handle, region.memh)
+
+        self._call(unregister)
         return 0
 
     def batch_transfer_write_async(
@@ -238,6 +252,8 @@ class TransferEngine:
         return endpoint
 
     def _drop_endpoint(self, peer: str) -> None:
+        for rkey in self._rkeys.pop(peer, {}).values():
+            ucp_direct.destroy_rkey(rkey)
         cached = self._endpoints.pop(peer, None)
         if cached is not None:
             cached[1].close()  # cancels the requests still tied to it
@@ -286,7 +302,7 @@ class TransferEngine:
             future.set_exception(TransferRejectedError(f"source range {unregistered[0][0]:#x}+{unregistered[0][1]} is not registered"))
             return
         host_only = not any(self.memory.find(*r).cuda for r in sources)  # type: ignore[union-attr]
-        op.data = {"lengths": lengths, "sources": sources, "tag_base": random.getrandbits(40) << _INDEX_BITS}
+        op.data = {"lengths": lengths, "sources": sources, "destinations": dst, "tag_base": random.getrandbits(40) << _INDEX_BITS}
         self._outbound[op_id] = op
         self._guarded(op_id, op, lambda: self._send_control(
             target, op, "write", refresh=True, address=self.address.hex(), op=op_id, tag_base=op.data["tag_base"],
@@ -304,11 +320,37 @@ class TransferEngine:
         op = self._expect_outbound(message, "write", "requested")
         if op is None:
             return
-        self._send_data(op, self._endpoint(op.peer), op.data["sources"], op.data["tag_base"], message["iov"])
+        endpoint = self._endpoint(op.peer)
+        if message["rkeys"]:
+            self._put_data(op, endpoint, message["rkeys"])
+        else:
+            self._send_data(op, endpoint, op.data["sources"], op.data["tag_base"], message["iov"])
         op.state = "sending"
 
+    def _put_data(self, op: _Operation, endpoint: Any, rkeys: list[list[Any]]) -> None:
+        """One-sided writes straight into the target's ranges, then one flush: the target's CPU takes
+        no part in moving the bytes (CMA process_vm_writev on one host, RDMA WRITE across hosts)."""
+        regions = sorted((int(base), self._rkey(op.peer, endpoint, packed)) for base, packed in rkeys)
+        bases = [base for base, _ in regions]
+        keys = [key for _, key in regions]
+        puts = [
+            (src, length, dst, keys[bisect.bisect_right(bases, dst) - 1])
+            for (src, length), dst in zip(op.data["sources"], op.data["destinations"], strict=True)
+        ]
+        ucp_direct.put_many(endpoint.handle, puts)
+        op.requests.append(ucp_direct.flush(endpoint.handle, self.worker.handle))
+        op.data["rma"] = True
+
+    def _rkey(self, peer: str, endpoint: Any, packed: str) -> int:
+        cache = self._rkeys.setdefault(peer, {})
+        if packed not in cache:
+            cache[packed] = ucp_direct.unpack_rkey(endpoint.handle, bytes.fromhex(packed))
+        return cache[packed]
+
     def _on_write_done(self, message: protocol.ControlMessage) -> None:
-        op = self._expect_outbound(message, "write", "sending")
+        op = self._outbound.get(message["op"])
+        expected = "completing" if op is not None and op.data.get("rma") else "sending"
+        op = self._expect_outbound(message, "write", expected)
         if op is not None:
             op.state = "confirmed"
 
@@ -334,6 +376,11 @@ class TransferEngine:
             _cancel(op)
             self._drop_endpoint(op.peer)
             _fail(op, PeerUnreachableError(f"{op.kind} with {op.peer} failed: {error}"))
+            return
+        if op.data.get("rma") and op.state == "sending" and op.all_completed:
+            # The flush completed: every put has landed. Tell the target, whose answer ends the write.
+            op.state = "completing"
+            self._send_control(op.peer, op, "write_complete", op=key)
             return
         # A write is over once its sends completed and the target confirmed; a read once its receives
         # completed; a hello once acknowledged.
@@ -364,11 +411,28 @@ class TransferEngine:
             return
         op = _Operation(sender, "inbound_write", time.monotonic() + self.config.timeout_seconds)
         op.data = {"token": message["token"], "ranges": ranges}
-        # One scatter-gather message when both sides are host memory; one message per range otherwise.
-        iov = message["iov"] and not any(self.memory.find(*r).cuda for r in ranges)  # type: ignore[union-attr]
-        self._receive_data(op, self._endpoint(sender, address), ranges, message["tag_base"], iov)
+        targets = [self.memory.find(*r) for r in ranges]
+        endpoint = self._endpoint(sender, address)
+        if message["iov"] and not any(region.cuda for region in targets):  # type: ignore[union-attr]
+            # Host to host: the writer puts (RMA) and says write_complete; nothing to post here.
+            rkeys = {region.address: region.rkey.hex() for region in targets}  # type: ignore[union-attr]
+            op.data["rma"] = True
+            self._inbound[(sender, op_id)] = op
+            self._send_control(sender, None, "write_ready", op=op_id, iov=True, rkeys=[[a, k] for a, k in rkeys.items()])
+            return
+        self._receive_data(op, endpoint, ranges, message["tag_base"], False)
         self._inbound[(sender, op_id)] = op
-        self._send_control(sender, None, "write_ready", op=op_id, iov=iov)
+        self._send_control(sender, None, "write_ready", op=op_id, iov=False, rkeys=[])
+
+    def _on_write_complete(self, message: protocol.ControlMessage) -> None:
+        key = (message["sender"], message["op"])
+        op = self._inbound.get(key)
+        if op is None or not op.data.get("rma"):
+            self.stats["duplicate_messages"] += 1
+            return
+        del self._inbound[key]
+        self._send_control(op.peer, None, "write_done", op=key[1])
+        self._notify(op.data, True)
 
     def _refusal(self, token: str | None, ranges: list[tuple[int, int]]) -> str | None:
         for address, length in ranges:
@@ -381,13 +445,13 @@ class TransferEngine:
     def _poll_inbound(self, key: tuple[str, int], op: _Operation, now: float) -> None:
         failed = op.scan() is not None
         expired = now > op.deadline
-        if op.kind == "inbound_write" and not failed and op.all_completed:
+        if op.kind == "inbound_write" and not op.data.get("rma") and not failed and op.all_completed:
             del self._inbound[key]
             self._send_control(op.peer, None, "write_done", op=key[1])
             self._notify(op.data, True)
         elif op.kind == "inbound_read" and not failed and op.all_completed:
             del self._inbound[key]
-        elif failed or expired:
+        elif failed or expired:  # an RMA write ends here only by its deadline
             del self._inbound[key]
             _cancel(op)
             self._drop_endpoint(op.peer)  # cancels whatever receive is still posted into our memory
@@ -407,7 +471,7 @@ class TransferEngine:
         device memory through ucxx, which describes it to UCX as CUDA memory (CUDA IPC)."""
         for offset, group in self._plan(ranges, host):
             if host:
-                op.requests.append(ucp_iov.send(endpoint.handle, self.worker.handle, group, tag_base | offset))
+                op.requests.append(ucp_direct.send(endpoint.handle, self.worker.handle, group, tag_base | offset))
                 continue
             buffer = self.memory.buffer(*group[0])
             op.keep.append(buffer)
@@ -416,7 +480,7 @@ class TransferEngine:
     def _receive_data(self, op: _Operation, endpoint: Any, ranges: list[tuple[int, int]], tag_base: int, host: bool) -> None:
         for offset, group in self._plan(ranges, host):
             if host:
-                op.requests.append(ucp_iov.recv(self.worker.handle, group, tag_base | offset))
+                op.requests.append(ucp_direct.recv(self.worker.handle, group, tag_base | offset))
                 continue
             buffer = self.memory.buffer(*group[0])
             op.keep.append(buffer)
@@ -484,7 +548,7 @@ class TransferEngine:
 def _cancel(op: _Operation) -> None:
     """Withdraw scatter-gather requests still posted (ucxx's own are cancelled with their endpoint)."""
     for request in op.requests[op.checked :]:
-        if isinstance(request, ucp_iov.IovRequest):
+        if isinstance(request, ucp_direct.UcpRequest):
             request.cancel()
 
 
@@ -510,7 +574,7 @@ def plan_messages(
             small.append((address, length))
         else:
             messages.append((index, [(address, length)]))
-    for group, chunk in enumerate(ucp_iov.chunks(small, max_ranges_per_message)):
+    for group, chunk in enumerate(ucp_direct.chunks(small, max_ranges_per_message)):
         messages.append((_GROUP_TAG_BIT | group, list(chunk)))
     return messages
 

@@ -11,6 +11,8 @@ class Region:
     address: int
     length: int
     cuda: bool
+    memh: int | None = None  # UCP memory handle, for host memory peers write with RMA
+    rkey: bytes = b""  # the packed remote key peers need for that
 
     def holds(self, address: int, length: int) -> bool:
         return self.address <= address and address + length <= self.address + self.length
@@ -33,14 +35,16 @@ class MemoryRegistry:
     def __init__(self) -> None:
         self.regions: dict[int, Region] = {}
 
-    def register(self, address: int, length: int, cuda: bool = False) -> None:
+    def register(self, address: int, length: int, cuda: bool = False, memh: int | None = None, rkey: bytes = b"") -> None:
         if address <= 0 or length <= 0:
             raise ValueError(f"cannot register address {address:#x} with length {length}")
-        self.regions[address] = Region(address, length, cuda)
+        self.regions[address] = Region(address, length, cuda, memh, rkey)
 
-    def unregister(self, address: int) -> None:
-        if self.regions.pop(address, None) is None:
+    def unregister(self, address: int) -> Region:
+        region = self.regions.pop(address, None)
+        if region is None:
             raise KeyError(f"no region registered at {address:#x}")
+        return region
 
     def find(self, address: int, length: int) -> Region | None:
         for region in self.regions.values():

@@ -24,7 +24,9 @@ SCHEMAS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "write": {
         "sender": str, "address": str, "op": int, "tag_base": int, "ranges": list, "token": (str, type(None)), "iov": bool,
     },
-    "write_ready": {"sender": str, "op": int, "iov": bool},
+    # rkeys: [[region address, packed remote key (hex)], ...] when the writer is to put (RMA), else [].
+    "write_ready": {"sender": str, "op": int, "iov": bool, "rkeys": list},
+    "write_complete": {"sender": str, "op": int},
     "write_reject": {"sender": str, "op": int, "reason": str},
     "write_done": {"sender": str, "op": int},
     "read": {"sender": str, "address": str, "op": int, "tag_base": int, "ranges": list, "iov": bool},

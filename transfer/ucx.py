@@ -23,14 +23,19 @@ UCX_SETTINGS = {"RNDV_SCHEME": "get_zcopy"}
 
 class UcxWorker:
     def __init__(self) -> None:
-        self.context = ucx.UCXContext(config_dict=UCX_SETTINGS, feature_flags=(ucx.Feature.TAG, ucx.Feature.WAKEUP))
+        self.context = ucx.UCXContext(config_dict=UCX_SETTINGS, feature_flags=(ucx.Feature.TAG, ucx.Feature.RMA, ucx.Feature.WAKEUP))
         self.worker = ucx.UCXWorker(self.context)
         self.worker.init_blocking_progress_mode()
 
     @property
     def handle(self) -> int:
-        """The ucp_worker_h, for the scatter-gather calls of ucp_iov."""
+        """The ucp_worker_h, for the direct UCP calls of ucp_direct."""
         return self.worker.handle
+
+    @property
+    def context_handle(self) -> int:
+        """The ucp_context_h, for memory maps and remote keys."""
+        return self.context.handle
 
     @property
     def address(self) -> bytes:
