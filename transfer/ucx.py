@@ -15,15 +15,10 @@ from ucxx._lib.arr import Array
 
 Request = ucx.UCXRequest
 
-# Rendezvous by GET: the receiver pulls straight from the sender's ranges (CMA process_vm_readv on one
-# host, RDMA READ across hosts). UCX's default picks a fragmented copy through shared memory for
-# scatter-gather messages, several times slower here.
-UCX_SETTINGS = {"RNDV_SCHEME": "get_zcopy"}
-
 
 class UcxWorker:
     def __init__(self) -> None:
-        self.context = ucx.UCXContext(config_dict=UCX_SETTINGS, feature_flags=(ucx.Feature.TAG, ucx.Feature.RMA, ucx.Feature.WAKEUP))
+        self.context = ucx.UCXContext(feature_flags=(ucx.Feature.TAG, ucx.Feature.RMA, ucx.Feature.WAKEUP))
         self.worker = ucx.UCXWorker(self.context)
         self.worker.init_blocking_progress_mode()
 
