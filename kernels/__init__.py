@@ -1,6 +1,6 @@
-"""Kernels the engine calls. The torch references are the CPU path (Triton kernels join in issue [4])."""
+"""Kernels the engine calls: Triton on CUDA, the torch references on the CPU (see dispatch.py)."""
 
-from kvferry.kernels.reference import (
+from kvferry.kernels.dispatch import (
     apply_rope,
     head_rms_norm,
     paged_decode_attention,

@@ -1,0 +1,116 @@
+"""One entry point per kernel: Triton on CUDA tensors, the torch reference everywhere else.
+
+`KVFERRY_KERNELS` forces a side: `triton` (also on CPU tensors, which then needs `TRITON_INTERPRET=1`),
+`torch` (the reference, also on CUDA), or `auto`, the default. It is read on every call, so a benchmark
+or a test can switch sides within one process.
+
+The Triton modules are imported on first use, not with this package: a CPU process never loads triton,
+and a process that interprets the kernels can set `TRITON_INTERPRET` before the first import decides
+between compiling and interpreting them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from kvferry.kernels import reference
+
+BACKEND_VARIABLE = "KVFERRY_KERNELS"
+BACKENDS = ("auto", "triton", "torch")
+
+
+def use_triton(tensor: torch.Tensor) -> bool:
+    """Whether the kernel for this input runs in Triton, by the variable and the tensor's device."""
+    choice = os.environ.get(BACKEND_VARIABLE, "auto")
+    if choice not in BACKENDS:
+        raise ValueError(f"{BACKEND_VARIABLE} must be one of {BACKENDS}, got {choice!r}")
+    return choice == "triton" or (choice == "auto" and tensor.is_cuda)
+
+
+def rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_triton(x):
+        from kvferry.kernels import triton_norm
+
+        return triton_norm.rms_norm(x, weight, eps, residual)
+    return reference.rms_norm(x, weight, eps, residual)
+
+
+def head_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if use_triton(x):
+        from kvferry.kernels import triton_norm
+
+        return triton_norm.head_rms_norm(x, weight, eps)
+    return reference.head_rms_norm(x, weight, eps)
+
+
+def apply_rope(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if use_triton(q):
+        from kvferry.kernels import triton_rope
+
+        return triton_rope.apply_rope(q, k, positions, cos_sin_cache)
+    return reference.apply_rope(q, k, positions, cos_sin_cache)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    if use_triton(gate_up):
+        from kvferry.kernels import triton_activation
+
+        return triton_activation.silu_and_mul(gate_up)
+    return reference.silu_and_mul(gate_up)
+
+
+def store_kv(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    if use_triton(key):
+        from kvferry.kernels import triton_store_kv
+
+        triton_store_kv.store_kv(key, value, key_cache, value_cache, slot_mapping)
+    else:
+        reference.store_kv(key, value, key_cache, value_cache, slot_mapping)
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    if use_triton(query):
+        from kvferry.kernels import triton_decode_attention
+
+        return triton_decode_attention.paged_decode_attention(
+            query, key_cache, value_cache, block_tables, context_lens, scale
+        )
+    return reference.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    if use_triton(query):
+        from kvferry.kernels import triton_prefill_attention
+
+        return triton_prefill_attention.paged_prefill_attention(
+            query, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale
+        )
+    return reference.paged_prefill_attention(
+        query, key_cache, value_cache, block_tables, context_lens, query_start_loc, scale
+    )

@@ -1,0 +1,223 @@
+"""Paged decode attention in Triton: one query token per sequence over its whole paged context.
+
+Split-K: the context of each sequence is cut into `num_splits` equal spans, one program per
+(sequence, kv head, span). Each program loads a span's K/V once for all the query heads of its GQA group
+(the group is the M side of the dot, padded to 16), keeps an online softmax, and writes its normalized
+partial output and log-sum-exp; a second kernel merges the spans. Splitting is what keeps the GPU full
+when batch * kv_heads alone gives too few programs (batch 1 at 32k context: 8 programs for 132 SMs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from kvferry.kernels.triton_attention_common import (
+    LOG2_E,
+    device_multiprocessors,
+    dot_precision,
+    load_paged_tile,
+    online_softmax_step,
+)
+
+# Short spans spend more on partial outputs and the merge than they add in parallelism: on an H200 at
+# batch 64 x 4k, 64 spans of 64 tokens ran 30% slower than 1 span (benchmarks/kernels.py --tune).
+MIN_SPLIT_TOKENS = 256
+MAX_SPLITS = 64
+PROGRAMS_PER_SM = 4
+
+
+@dataclass(frozen=True)
+class DecodeTiling:
+    """The defaults were within noise of the best of 18 tilings on an H200 (--tune, bf16, head dim 128)."""
+
+    block_n: int = 64  # context tokens per tile
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+DEFAULT_TILING = DecodeTiling()
+
+
+@triton.jit
+def _decode_split_kernel(
+    query_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    partial_out_ptr,
+    partial_lse_ptr,
+    stride_qb,
+    stride_qh,
+    stride_qd,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_kd,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_vd,
+    stride_tb,
+    stride_tp,
+    stride_pob,
+    stride_poh,
+    stride_pos,
+    stride_plb,
+    stride_plh,
+    scale_log2,
+    num_splits,
+    group,
+    head_dim,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    context_len = tl.load(context_lens_ptr + seq).to(tl.int32)
+    span = tl.cdiv(tl.cdiv(context_len, num_splits), BLOCK_N) * BLOCK_N
+    start = split * span
+    end = tl.minimum(start + span, context_len)
+
+    rows = tl.arange(0, BLOCK_G)
+    heads = kv_head * group + rows
+    row_mask = rows < group
+    dims = tl.arange(0, BLOCK_D)
+    dim_mask = dims < head_dim
+    q_ptrs = query_ptr + seq * stride_qb + heads[:, None] * stride_qh + dims[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=row_mask[:, None] & dim_mask[None, :], other=0.0)
+    table_row = block_tables_ptr + seq * stride_tb
+
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    running_max = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    running_sum = tl.zeros([BLOCK_G], dtype=tl.float32)
+    for tile in range(start, end, BLOCK_N):
+        positions = tile + tl.arange(0, BLOCK_N)
+        valid = positions < end
+        k = load_paged_tile(key_cache_ptr, table_row, stride_tp, positions, valid, kv_head, dims, dim_mask,
+                            stride_kb, stride_ks, stride_kh, stride_kd, PAGE_SIZE)  # fmt: skip
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale_log2
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        v = load_paged_tile(value_cache_ptr, table_row, stride_tp, positions, valid, kv_head, dims, dim_mask,
+                            stride_vb, stride_vs, stride_vh, stride_vd, PAGE_SIZE)  # fmt: skip
+        acc, running_max, running_sum = online_softmax_step(acc, running_max, running_sum, scores, v, PRECISION)
+
+    # A span past the end of a short context saw no key: it writes zeros and a log-sum-exp of -inf,
+    # which the merge weighs at zero.
+    seen = running_sum > 0
+    out = acc / tl.where(seen, running_sum, 1.0)[:, None]
+    lse = tl.where(seen, running_max + tl.log2(running_sum), float("-inf"))
+    out_ptrs = partial_out_ptr + seq * stride_pob + heads[:, None] * stride_poh + split * stride_pos + dims[None, :]
+    tl.store(out_ptrs, out, mask=row_mask[:, None] & dim_mask[None, :])
+    tl.store(partial_lse_ptr + seq * stride_plb + heads * stride_plh + split, lse, mask=row_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    partial_out_ptr,
+    partial_lse_ptr,
+    out_ptr,
+    stride_pob,
+    stride_poh,
+    stride_pos,
+    stride_plb,
+    stride_plh,
+    stride_ob,
+    stride_oh,
+    stride_od,
+    num_splits,
+    head_dim,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    seq, head = tl.program_id(0), tl.program_id(1)
+    splits = tl.arange(0, BLOCK_S)
+    split_mask = splits < num_splits
+    dims = tl.arange(0, BLOCK_D)
+    dim_mask = dims < head_dim
+    lse = tl.load(partial_lse_ptr + seq * stride_plb + head * stride_plh + splits, mask=split_mask,
+                  other=float("-inf"))  # fmt: skip
+    weights = tl.exp2(lse - tl.max(lse, axis=0))  # the first span always holds a key, so the max is finite
+    part_ptrs = partial_out_ptr + seq * stride_pob + head * stride_poh + splits[:, None] * stride_pos + dims[None, :]
+    parts = tl.load(part_ptrs, mask=split_mask[:, None] & dim_mask[None, :], other=0.0)
+    out = tl.sum(parts * weights[:, None], axis=0) / tl.sum(weights, axis=0)
+    tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims * stride_od, out.to(out_ptr.dtype.element_ty),
+             mask=dim_mask)  # fmt: skip
+
+
+def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
+    """Enough spans for a few programs per multiprocessor, none shorter than MIN_SPLIT_TOKENS."""
+    wanted = triton.cdiv(PROGRAMS_PER_SM * device_multiprocessors(device), batch * num_kv_heads)
+    return max(1, min(wanted, triton.cdiv(max_context, MIN_SPLIT_TOKENS), MAX_SPLITS))
+
+
+def paged_decode_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    tiling: DecodeTiling = DEFAULT_TILING,
+) -> torch.Tensor:
+    """query [batch, q_heads, dim]; caches [num_blocks, block_size, kv_heads, dim] (any strides);
+    block_tables [batch, max_blocks]; context_lens [batch], each at least 1. Returns [batch, q_heads, dim]
+    (or fills `out`). The span count comes from the block tables' width, not the lengths' values, so no
+    device-to-host copy is needed."""
+    batch, num_q_heads, head_dim = query.shape
+    page_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    group = num_q_heads // num_kv_heads
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device) if out is None else out
+    if batch == 0:
+        return out
+    if num_splits is None:
+        num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1] * page_size, query.device)
+    partial_out = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
+    partial_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=query.device)
+    block_d = triton.next_power_of_2(head_dim)
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        context_lens,
+        partial_out,
+        partial_lse,
+        *query.stride(),
+        *key_cache.stride(),
+        *value_cache.stride(),
+        *block_tables.stride(),
+        *partial_out.stride()[:3],
+        *partial_lse.stride()[:2],
+        scale * LOG2_E,
+        num_splits,
+        group,
+        head_dim,
+        PAGE_SIZE=page_size,
+        BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=tiling.block_n,
+        BLOCK_D=block_d,
+        PRECISION=dot_precision(query.dtype),
+        num_warps=tiling.num_warps,
+        num_stages=tiling.num_stages,
+    )
+    _decode_merge_kernel[(batch, num_q_heads)](
+        partial_out,
+        partial_lse,
+        out,
+        *partial_out.stride()[:3],
+        *partial_lse.stride()[:2],
+        *out.stride(),
+        num_splits,
+        head_dim,
+        BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_D=block_d,
+    )
+    return out
