@@ -328,15 +328,21 @@ class TransferEngine:
         op.state = "sending"
 
     def _put_data(self, op: _Operation, endpoint: Any, rkeys: list[list[Any]]) -> None:
-        """One-sided writes straight into the target's ranges, then one flush: the target's CPU takes
-        no part in moving the bytes (CMA process_vm_writev on one host, RDMA WRITE across hosts)."""
+        """One-sided puts straight into the target's ranges for ranges of min_zero_copy_bytes and more
+        (a CMA process_vm_writev on one host, RDMA WRITE across hosts; the target's CPU takes no part),
+        scatter-gather messages for the small ones (the put loop costs microseconds per range), then
+        one flush."""
         regions = sorted((int(base), self._rkey(op.peer, endpoint, packed)) for base, packed in rkeys)
         bases = [base for base, _ in regions]
         keys = [key for _, key in regions]
-        puts = [
-            (src, length, dst, keys[bisect.bisect_right(bases, dst) - 1])
-            for (src, length), dst in zip(op.data["sources"], op.data["destinations"], strict=True)
-        ]
+        destinations = dict(zip(op.data["sources"], op.data["destinations"], strict=True))
+        puts = []
+        for offset, group in self._plan(op.data["sources"], True):
+            if offset & _GROUP_TAG_BIT:
+                op.requests.append(ucp_direct.send(endpoint.handle, self.worker.handle, group, op.data["tag_base"] | offset))
+                continue
+            (src, length), dst = group[0], destinations[group[0]]
+            puts.append((src, length, dst, keys[bisect.bisect_right(bases, dst) - 1]))
         ucp_direct.put_many(endpoint.handle, puts)
         op.requests.append(ucp_direct.flush(endpoint.handle, self.worker.handle))
         op.data["rma"] = True
@@ -414,9 +420,13 @@ class TransferEngine:
         targets = [self.memory.find(*r) for r in ranges]
         endpoint = self._endpoint(sender, address)
         if message["iov"] and not any(region.cuda for region in targets):  # type: ignore[union-attr]
-            # Host to host: the writer puts (RMA) and says write_complete; nothing to post here.
+            # Host to host: the writer puts the large ranges (RMA) and sends the small ones in groups,
+            # which are received here; its write_complete plus these receives end the write.
             rkeys = {region.address: region.rkey.hex() for region in targets}  # type: ignore[union-attr]
-            op.data["rma"] = True
+            op.data.update(rma=True, writer_done=False)
+            for offset, group in self._plan(ranges, True):
+                if offset & _GROUP_TAG_BIT:
+                    op.requests.append(ucp_direct.recv(self.worker.handle, group, message["tag_base"] | offset))
             self._inbound[(sender, op_id)] = op
             self._send_control(sender, None, "write_ready", op=op_id, iov=True, rkeys=[[a, k] for a, k in rkeys.items()])
             return
@@ -425,14 +435,11 @@ class TransferEngine:
         self._send_control(sender, None, "write_ready", op=op_id, iov=False, rkeys=[])
 
     def _on_write_complete(self, message: protocol.ControlMessage) -> None:
-        key = (message["sender"], message["op"])
-        op = self._inbound.get(key)
-        if op is None or not op.data.get("rma"):
+        op = self._inbound.get((message["sender"], message["op"]))
+        if op is None or not op.data.get("rma") or op.data["writer_done"]:
             self.stats["duplicate_messages"] += 1
             return
-        del self._inbound[key]
-        self._send_control(op.peer, None, "write_done", op=key[1])
-        self._notify(op.data, True)
+        op.data["writer_done"] = True  # _poll_inbound ends it once the small ranges' receives are in too
 
     def _refusal(self, token: str | None, ranges: list[tuple[int, int]]) -> str | None:
         for address, length in ranges:
@@ -445,13 +452,13 @@ class TransferEngine:
     def _poll_inbound(self, key: tuple[str, int], op: _Operation, now: float) -> None:
         failed = op.scan() is not None
         expired = now > op.deadline
-        if op.kind == "inbound_write" and not op.data.get("rma") and not failed and op.all_completed:
+        if op.kind == "inbound_write" and op.data.get("writer_done", True) and not failed and op.all_completed:
             del self._inbound[key]
             self._send_control(op.peer, None, "write_done", op=key[1])
             self._notify(op.data, True)
         elif op.kind == "inbound_read" and not failed and op.all_completed:
             del self._inbound[key]
-        elif failed or expired:  # an RMA write ends here only by its deadline
+        elif failed or expired:
             del self._inbound[key]
             _cancel(op)
             self._drop_endpoint(op.peer)  # cancels whatever receive is still posted into our memory
