@@ -6,9 +6,12 @@ it reaches an engine.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from kvferry.engine import SamplingParams
 
 API_PREFIX = "/internal/v1"
 
@@ -35,8 +38,8 @@ class SamplingSpec(_Strict):
     max_tokens: int = 16
     logprobs: int | None = None
 
-    def to_params(self, **overrides: Any):  # -> SamplingParams; imported lazily to keep this module light
-        from kvferry.engine import SamplingParams
+    def to_params(self, **overrides: Any) -> SamplingParams:
+        from kvferry.engine import SamplingParams  # the engine (and torch) loads only when parameters are built
 
         return SamplingParams(**{**self.model_dump(), **overrides})
 
