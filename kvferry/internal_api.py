@@ -39,7 +39,8 @@ class SamplingSpec(_Strict):
     logprobs: int | None = None
 
     def to_params(self, **overrides: Any) -> SamplingParams:
-        from kvferry.engine import SamplingParams  # the engine (and torch) loads only when parameters are built
+        # The engine (and torch) loads only when parameters are built.
+        from kvferry.engine import SamplingParams
 
         return SamplingParams(**{**self.model_dump(), **overrides})
 
