@@ -17,6 +17,7 @@ from kvferry.redis_server import RedisServer, free_port
 
 CACHE = Path(os.environ.get("KVFERRY_CACHE", Path.home() / ".cache" / "kvferry"))
 READY_TIMEOUT_SECONDS = 180
+STOP_GRACE_SECONDS = 8
 
 
 def demo_model() -> Path:
@@ -69,12 +70,14 @@ class LocalCluster:
             time.sleep(0.5)
 
     def stop(self) -> None:
+        """SIGTERM everything (router first), give them STOP_GRACE_SECONDS together, then SIGKILL."""
         for _, process in reversed(self.processes):
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
         for _, process in self.processes:
             try:
-                process.wait(timeout=10)
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait()

@@ -42,7 +42,8 @@ def _serve_node(args: argparse.Namespace) -> int:
         from kvferry.prefill_node.server import create_app
     else:
         from kvferry.decode_node.server import create_app
-    uvicorn.run(create_app(runtime), host=config.host, port=config.port, log_level="warning")
+    # A bounded graceful shutdown: keep-alive connections from a router must not hold a node up.
+    uvicorn.run(create_app(runtime), host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=3)
     return 0
 
 
@@ -54,7 +55,10 @@ def _serve_router(args: argparse.Namespace) -> int:
     from kvferry.router.minimal import create_app
 
     name = args.served_model_name or Path(args.model).name
-    uvicorn.run(create_app(args.model, name, args.prefill, args.decode), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(
+        create_app(args.model, name, args.prefill, args.decode), host=args.host, port=args.port, log_level="warning",
+        timeout_graceful_shutdown=3,
+    )
     return 0
 
 
