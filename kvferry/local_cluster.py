@@ -90,6 +90,10 @@ def _interrupt(*_: object) -> None:
 
 
 def run_local_cluster(model: str | None, num_prefill: int, num_decode: int, redis_url: str | None, port: int) -> int:
+    # Installed explicitly: a shell that starts us in the background hands SIGINT down as ignored, and
+    # Python then never turns Ctrl-C into KeyboardInterrupt.
+    signal.signal(signal.SIGINT, _interrupt)
+    signal.signal(signal.SIGTERM, _interrupt)
     model_dir = Path(model) if model else demo_model()
     cluster = LocalCluster()
     python = [sys.executable, "-m", "kvferry"]
@@ -111,7 +115,6 @@ def run_local_cluster(model: str | None, num_prefill: int, num_decode: int, redi
         print(f"\nkvferry is up at http://127.0.0.1:{port}  (model {model_dir.name}; Ctrl-C stops everything)\n")
         print(f"  curl http://127.0.0.1:{port}/v1/completions -H 'Content-Type: application/json' \\")
         print(f"    -d '{{\"model\": \"{model_dir.name}\", \"prompt\": \"Hello\", \"max_tokens\": 16}}'\n")
-        signal.signal(signal.SIGTERM, _interrupt)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
