@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import yaml
 
 from tests.e2e.conftest import Cluster
+from tests.e2e.example_cluster import CHILD_KINDS, EXAMPLE, EXPECTED_CHILDREN, NAME, SELECTOR
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "inferencecluster.yaml"
-NAME = "tiny"  # metadata.name in the example
-CHILD_KINDS = "deployments,services,configmaps,serviceaccounts,roles,rolebindings"
-SELECTOR = f"kvferry.dev/cluster={NAME}"
 HANDLED = "kvferry.dev/last-handled-configuration"
 
 
@@ -59,14 +55,7 @@ def test_example_becomes_ready_with_expected_children(cluster: Cluster, start_op
     status = cluster.wait_phase(NAME, "Ready")
 
     owner = cluster.get("inferencecluster", NAME)["metadata"]["uid"]
-    assert child_counts(cluster) == {
-        "Deployment": 4,
-        "Service": 4,
-        "ConfigMap": 1,
-        "ServiceAccount": 1,
-        "Role": 1,
-        "RoleBinding": 1,
-    }
+    assert child_counts(cluster) == EXPECTED_CHILDREN
     for child in cluster.items(CHILD_KINDS, SELECTOR):
         [ref] = child["metadata"]["ownerReferences"]
         assert (ref["kind"], ref["name"], ref["uid"], ref["controller"]) == (

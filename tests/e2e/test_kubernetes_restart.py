@@ -6,22 +6,10 @@ import json
 import socket
 import urllib.request
 from collections import Counter
-from pathlib import Path
 
 from tests.e2e.conftest import TEST_LEASE_DURATION_S, Cluster
+from tests.e2e.example_cluster import CHILD_KINDS, EXAMPLE, EXPECTED_CHILDREN, NAME, SELECTOR
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "inferencecluster.yaml"
-NAME = "tiny"
-SELECTOR = f"kvferry.dev/cluster={NAME}"
-CHILD_KINDS = "deployments,services,configmaps,serviceaccounts,roles,rolebindings"
-EXPECTED_CHILDREN = {
-    "Deployment": 4,
-    "Service": 4,
-    "ConfigMap": 1,
-    "ServiceAccount": 1,
-    "Role": 1,
-    "RoleBinding": 1,
-}
 LEASE = "kvferry-operator"
 
 

@@ -1,0 +1,18 @@
+"""The example InferenceCluster the e2e tests apply, and the children the operator makes for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "inferencecluster.yaml"
+NAME = "tiny"  # metadata.name in the example
+SELECTOR = f"kvferry.dev/cluster={NAME}"
+CHILD_KINDS = "deployments,services,configmaps,serviceaccounts,roles,rolebindings"
+EXPECTED_CHILDREN = {
+    "Deployment": 4,
+    "Service": 4,
+    "ConfigMap": 1,
+    "ServiceAccount": 1,
+    "Role": 1,
+    "RoleBinding": 1,
+}
