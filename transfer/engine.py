@@ -118,7 +118,13 @@ class TransferEngine:
 
     def publish(self, **record: object) -> None:
         """(Re)publish this engine's record: its worker address plus whatever the caller adds."""
-        self.registry.publish(self.local_name, {"address": self.address.hex(), **record})
+        # updated_at lets readers of a registry without TTLs (a folder) tell a dead node's record.
+        self.registry.publish(self.local_name, {"address": self.address.hex(), **record, "updated_at": time.time()})
+
+    def update_record(self, **fields: object) -> None:
+        """Merge `fields` into the record the heartbeat publishes (a node's load), and publish it now."""
+        self._record = {**self._record, **fields}
+        self.publish(**self._record)
 
     def _heartbeat(self) -> None:
         # Registry records carry a TTL so that dead engines drop out; a live one keeps refreshing it.

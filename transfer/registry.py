@@ -1,7 +1,10 @@
-"""Where transfer engines publish their UCX worker addresses, and find each other's.
+"""The node registry: where each node's transfer engine publishes its record, and peers and routers
+read it.
 
-The nodes' registry in Redis holds the same record beside the rest of a node's state; tests and
-single-process runs use the in-memory registry.
+One record per node: its UCX worker address (peers connect by it), role, URL, pool layout, and the
+load the node reports with every heartbeat (free and total blocks, running and waiting, epoch). The
+record carries a TTL that the heartbeat refreshes, so a dead node drops out on its own. Tests and
+single-process runs use the in-memory registry; processes on one host without Redis share a folder.
 """
 
 from __future__ import annotations
@@ -19,6 +22,10 @@ class PeerRegistry(Protocol):
     def lookup(self, name: str) -> dict[str, object] | None: ...
 
     def remove(self, name: str) -> None: ...
+
+    def records(self) -> dict[str, dict[str, object]]:
+        """Every live record by node name (a router's view of the cluster)."""
+        ...
 
 
 class InMemoryRegistry:
@@ -39,11 +46,15 @@ class InMemoryRegistry:
         with self._lock:
             self._records.pop(name, None)
 
+    def records(self) -> dict[str, dict[str, object]]:
+        with self._lock:
+            return {name: dict(record) for name, record in self._records.items()}
+
 
 class RedisRegistry:
     """Records under `{prefix}{name}` as JSON, with a TTL the owner refreshes by publishing again."""
 
-    def __init__(self, url: str, prefix: str = "kvf:transfer:", ttl_seconds: int = 30) -> None:
+    def __init__(self, url: str, prefix: str = "kvf:node:", ttl_seconds: int = 30) -> None:
         import redis
 
         self._redis = redis.Redis.from_url(url, socket_timeout=1.0, socket_connect_timeout=1.0)
@@ -59,6 +70,16 @@ class RedisRegistry:
 
     def remove(self, name: str) -> None:
         self._redis.delete(self.prefix + name)
+
+    def records(self) -> dict[str, dict[str, object]]:
+        keys = list(self._redis.scan_iter(match=self.prefix + "*", count=1000))
+        if not keys:
+            return {}
+        # A key may expire between SCAN and MGET: its value comes back as None and is skipped.
+        values = self._redis.mget(keys)
+        return {
+            key.decode().removeprefix(self.prefix): json.loads(raw) for key, raw in zip(keys, values, strict=True) if raw
+        }
 
 
 class FileRegistry:
@@ -81,6 +102,13 @@ class FileRegistry:
 
     def remove(self, name: str) -> None:
         (self.folder / f"{name}.json").unlink(missing_ok=True)
+
+    def records(self) -> dict[str, dict[str, object]]:
+        found: dict[str, dict[str, object]] = {}
+        for path in self.folder.glob("*.json"):
+            if (record := self.lookup(path.stem)) is not None:  # removed meanwhile: skipped
+                found[path.stem] = record
+        return found
 
 
 def registry_from(metadata: str | PeerRegistry) -> PeerRegistry:
