@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,6 +42,9 @@ class Request:
     seqs: list[Sequence]
     hold_kv: bool = False
     kv_block_ids: list[int] | None = None
+    # Monotonic times that split a node's time to first token into waiting and computing.
+    arrival_time: float = field(default_factory=time.monotonic)
+    first_scheduled_time: float | None = None
 
     def output(self) -> RequestOutput:
         completions = [
@@ -54,8 +58,10 @@ class Request:
             )
             for seq in self.seqs
         ]
+        queued = None if self.first_scheduled_time is None else self.first_scheduled_time - self.arrival_time
         return RequestOutput(
-            self.request_id, self.prompt, self.prompt_token_ids, completions, self.seqs[0].num_cached_tokens, self.kv_block_ids
+            self.request_id, self.prompt, self.prompt_token_ids, completions, self.seqs[0].num_cached_tokens,
+            self.kv_block_ids, queued,
         )
 
 
@@ -216,8 +222,16 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch.empty:
             return []
+        self._mark_first_scheduled(batch)
         sampled_seqs, sampled = self.runner.run(batch)
         return self._process(batch, sampled_seqs, sampled)
+
+    def _mark_first_scheduled(self, batch: ScheduledBatch) -> None:
+        now = time.monotonic()
+        for seq in batch.seqs:
+            request = self.requests.get(seq.request_id)
+            if request is not None and request.first_scheduled_time is None:
+                request.first_scheduled_time = now
 
     def _process(self, batch: ScheduledBatch, sampled_seqs: list[Sequence], sampled: SamplerOutput) -> list[RequestOutput]:
         for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True):

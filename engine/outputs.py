@@ -29,6 +29,8 @@ class RequestOutput:
     num_cached_tokens: int = 0
     # Prefill side of a disaggregated request: the prompt's blocks, held until release_kv().
     kv_block_ids: list[int] | None = None
+    # Seconds the request waited before its first scheduled step (None until then).
+    queue_seconds: float | None = None
 
     @property
     def finished(self) -> bool:

@@ -19,6 +19,9 @@ from dataclasses import dataclass
 from kvferry.kvcache.events import BlockRemoved, BlockStored, KVEvent
 
 NULL_BLOCK_ID = 0
+# Events wait here until a node publishes them; an engine nobody drains (offline use) stops recording
+# at this bound instead of growing without end, and a consumer that comes late resynchronises.
+MAX_PENDING_EVENTS = 100_000
 
 
 class OutOfBlocksError(RuntimeError):
@@ -50,6 +53,7 @@ class BlockAllocator:
         self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(1, num_blocks))
         self.cached_block_by_hash: dict[int, int] = {}
         self.pending_events: list[KVEvent] = []
+        self.events_lost = False
 
     # ---- allocation -------------------------------------------------------------------------
     @property
@@ -108,13 +112,13 @@ class BlockAllocator:
             return  # an identical block is cached already; this copy stays private to its sequence
         block.block_hash = block_hash
         self.cached_block_by_hash[block_hash] = block_id
-        self.pending_events.append(BlockStored(block_hash, parent_hash))
+        self._record(BlockStored(block_hash, parent_hash))
 
     def _evict_hash(self, block: BlockState) -> None:
         if block.block_hash is None:
             return
         del self.cached_block_by_hash[block.block_hash]
-        self.pending_events.append(BlockRemoved(block.block_hash))
+        self._record(BlockRemoved(block.block_hash))
         block.block_hash = None
 
     def reset_prefix_cache(self) -> None:
@@ -122,9 +126,22 @@ class BlockAllocator:
         for block_id in self.free_queue:
             self._evict_hash(self.blocks[block_id])
 
-    def take_events(self) -> list[KVEvent]:
+    def _record(self, event: KVEvent) -> None:
+        if len(self.pending_events) >= MAX_PENDING_EVENTS:
+            self.events_lost = True
+            return
+        self.pending_events.append(event)
+
+    def take_events(self) -> list[KVEvent] | None:
+        """The events since the last call, or None when some were dropped at the bound: then the consumer
+        resynchronises from cached_hashes()."""
         events, self.pending_events = self.pending_events, []
-        return events
+        lost, self.events_lost = self.events_lost, False
+        return None if lost else events
+
+    def cached_hashes(self) -> list[int]:
+        """Every hash this pool holds a block for (in use or idle): the whole of what the index should say."""
+        return list(self.cached_block_by_hash)
 
     # ---- checks -----------------------------------------------------------------------------
     def stats(self) -> AllocatorStats:

@@ -74,3 +74,15 @@ def test_prefix_caching_off_caches_nothing():
     allocator.cache_block(block[0], 5, 0)
     assert allocator.longest_cached_prefix([5]) == []
     assert allocator.stats().cached == 0
+
+
+def test_events_stop_at_the_bound_and_the_consumer_is_told_to_resync(monkeypatch):
+    monkeypatch.setattr("kvferry.kvcache.allocator.MAX_PENDING_EVENTS", 2)
+    allocator = BlockAllocator(5)
+    blocks = allocator.allocate(3)
+    for offset, block in enumerate(blocks):
+        allocator.cache_block(block, 100 + offset, 0)
+    assert allocator.take_events() is None  # the third event was dropped
+    assert sorted(allocator.cached_hashes()) == [100, 101, 102]  # what a resync publishes instead
+    allocator.cache_block(allocator.allocate(1)[0], 200, 0)
+    assert allocator.take_events() == [BlockStored(200, 0)]  # recording resumed after the drain
