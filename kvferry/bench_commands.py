@@ -1,7 +1,8 @@
-"""`kvferry bench-transfer`: the transfer benchmark of benchmarks/transfer.py, from a source checkout.
+"""Benchmark commands: `kvferry bench` (the load generator of kvferry/loadgen/) and `kvferry bench-transfer`.
 
-The benchmarks are not part of the wheel (they pull in NIXL and Mooncake for comparison); this command
-finds them beside the package and passes every argument through.
+bench-transfer runs benchmarks/transfer.py from a source checkout: the benchmarks are not part of the wheel
+(they pull in NIXL and Mooncake for comparison); this command finds them beside the package and passes
+every argument through.
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from kvferry.loadgen.command import add_arguments, bench
+
+    load = subparsers.add_parser("bench", help="load generator: streaming OpenAI requests, latency percentiles, goodput")
+    add_arguments(load)
+    load.set_defaults(func=bench)
+
     parser = subparsers.add_parser(
         "bench-transfer", help="KV transfer benchmark: kvferry vs NIXL vs Mooncake TCP vs memcpy", add_help=False
     )
