@@ -5,21 +5,38 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, HTTPException
 from fastapi.responses import StreamingResponse
+from kvferry.engine import RequestOutput
 from kvferry.kvcache import OutOfBlocksError
 from kvferry.transfer.kv_connector import DestinationHandle, KVReceiver
 
 from kvferry.internal_api import API_PREFIX, DecodeRequest, GenerateRequest, ReserveRequest, ReserveResponse
+from kvferry.node_metrics import NodeMetrics
 from kvferry.node_runtime import NodeRuntime, add_common_routes, ndjson_deltas
 
 LEASE_SWEEP_SECONDS = 0.25
 
 
+async def _timing_first_decode(
+    stream: AsyncIterator[RequestOutput], metrics: NodeMetrics, activated: float
+) -> AsyncIterator[RequestOutput]:
+    """Pass a stream through, timing the first token this node computes (the first output holds only
+    the token the prefill node sampled)."""
+    seen = 0
+    async for output in stream:
+        seen += 1
+        if seen == 2:
+            metrics.observe_ttft("first_decode", time.perf_counter() - activated)
+        yield output
+
+
 def create_app(runtime: NodeRuntime) -> FastAPI:
     handles: dict[str, DestinationHandle] = {}
+    metrics = runtime.metrics
 
     def free_expired(request_id: str, _block_ids: list[int]) -> None:
         handles.pop(request_id, None)
@@ -57,6 +74,8 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
             raise HTTPException(400, str(exc)) from None
         handle = receiver.expect(body.request_id, reservation.block_ids, reservation.first_block)
         handles[body.request_id] = handle
+        block_size = runtime.engine.engine.pool_layout.block_size
+        metrics.observe_prefix(len(body.prompt_token_ids), reservation.first_block * block_size)
         return ReserveResponse(handle=handle.to_json(), cached_blocks=reservation.first_block)
 
     @app.post(f"{API_PREFIX}/decode")
@@ -66,8 +85,11 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
             free_expired(body.request_id, [])
             raise HTTPException(409, f"the KV of {body.request_id!r} has not arrived (unknown, expired or cancelled)")
         receiver.release(handle)
+        activated = time.perf_counter()
         stream = await runtime.engine.activate(body.request_id, body.first_token, body.logprobs)
-        return StreamingResponse(ndjson_deltas(stream), media_type="application/x-ndjson")
+        return StreamingResponse(
+            ndjson_deltas(_timing_first_decode(stream, metrics, activated)), media_type="application/x-ndjson"
+        )
 
     @app.post(f"{API_PREFIX}/generate")
     async def generate(body: GenerateRequest) -> StreamingResponse:
@@ -77,10 +99,12 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
             )
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
+        metrics.local_prefills.inc()
         return StreamingResponse(ndjson_deltas(stream), media_type="application/x-ndjson")
 
     @app.post(f"{API_PREFIX}/abort/{{request_id}}")
     def abort(request_id: str) -> dict[str, bool]:
+        metrics.aborts.inc()
         handle = handles.pop(request_id, None)
         if handle is not None:
             receiver.release(handle)

@@ -109,8 +109,11 @@ class AsyncLLMEngine:
                 self.abort(request_id)
 
     def abort(self, request_id: str) -> None:
+        """Stop a request; a stream still waiting on it gets its last output (finish_reason "abort")."""
         with self._lock:
-            self.engine.abort_request(request_id)
+            output = self.engine.abort_request(request_id)
+            if output is not None:
+                self._deliver(request_id, output)
 
     def shutdown(self) -> None:
         with self._lock:

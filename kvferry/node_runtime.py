@@ -5,14 +5,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from kvferry.engine import AsyncLLMEngine, EngineArgs, LLMEngine, RequestOutput
 from kvferry.internal_api import StreamChunk
+from kvferry.kvcache.prefix_index import prefix_index_from
+from kvferry.node_metrics import NodeMetrics
+from kvferry.node_reporter import NodeReporter, load_fields
 from kvferry.transfer import TransferConfig, TransferEngine
 from kvferry.transfer.kv_connector import pool_description
 
@@ -58,17 +62,30 @@ class NodeRuntime:
     config: NodeConfig
     engine: AsyncLLMEngine
     transfer: TransferEngine
+    reporter: NodeReporter
+    metrics: NodeMetrics
 
     @classmethod
     def start(cls, config: NodeConfig) -> NodeRuntime:
         args = EngineArgs(dtype=config.dtype, max_model_len=config.max_model_len, num_kv_blocks=config.num_kv_blocks)
         engine = LLMEngine(config.model, args)
         transfer = TransferEngine(TransferConfig(timeout_seconds=config.transfer_timeout_seconds))
+        model = engine.served_model_name
+        # The node registry record (docs/internals.md): who the node is; the reporter adds its load.
         transfer.initialize(
             config.name, config.registry, "ucx", role=config.role, url=f"http://{config.host}:{config.port}",
-            pool=pool_description(engine.served_model_name, engine.pool),
+            model=model, max_model_len=engine.max_model_len, epoch=time.time_ns(),
+            pool=pool_description(model, engine.pool), **load_fields(engine), healthy=True,
         )
-        return cls(config, AsyncLLMEngine(engine), transfer)
+        async_engine = AsyncLLMEngine(engine)
+        # The prefix index lives in the registry's Redis; a registry folder (no Redis) has no index.
+        redis_url = config.registry if config.registry.startswith(("redis://", "rediss://", "unix://")) else None
+        reporter = NodeReporter(
+            config.name, async_engine.run_locked, lambda fields: transfer.update_record(**fields),
+            lambda: async_engine.error is None, prefix_index_from(redis_url, model) if redis_url else None,
+        )
+        reporter.start()
+        return cls(config, async_engine, transfer, reporter, NodeMetrics(config.role, config.name))
 
     @property
     def model_name(self) -> str:
@@ -87,11 +104,20 @@ class NodeRuntime:
                 "blocks": blocks.__dict__,
                 "preemptions": engine.scheduler.num_preemptions,
                 "transfer": dict(self.transfer.stats),
+                "reporter": dict(self.reporter.stats),
             }
 
         return self.engine.run_locked(read)
 
+    def render_metrics(self) -> bytes:
+        def read(engine: LLMEngine) -> tuple[int, int, int, int]:
+            blocks = engine.allocator.stats()
+            return len(engine.scheduler.running), len(engine.scheduler.waiting), blocks.in_use, blocks.total
+
+        return self.metrics.render(*self.engine.run_locked(read))
+
     def close(self) -> None:
+        self.reporter.stop()
         self.engine.shutdown()
         self.transfer.close()
 
@@ -110,6 +136,10 @@ def add_common_routes(app: FastAPI, runtime: NodeRuntime) -> None:
     @app.get("/stats")
     def stats() -> dict[str, object]:
         return runtime.stats()
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(runtime.render_metrics(), media_type="text/plain; version=0.0.4")
 
 
 async def ndjson_deltas(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:

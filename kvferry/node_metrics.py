@@ -1,0 +1,61 @@
+"""Prometheus metrics of one prefill or decode node (`GET /metrics`).
+
+Gauges are read from the engine when scraped; counters and histograms are fed by the request handlers.
+Time to first token is split by where it is spent: `queue` and `prefill` on the prefill node, the KV
+`transfer` (prefill node's view: from its first byte sent to the decode node's confirmation), and the
+`first_decode` step on the decode node (from the KV's activation to the first token it computes).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+TTFT_PHASES = ("queue", "prefill", "transfer", "first_decode")
+
+
+class NodeMetrics:
+    def __init__(self, role: str, name: str) -> None:
+        # A registry per node object: tests run several nodes in one process.
+        self.registry = CollectorRegistry()
+        labels = {"role": role, "node": name}
+
+        def gauge(metric: str, doc: str) -> Gauge:
+            return Gauge(metric, doc, list(labels), registry=self.registry).labels(**labels)
+
+        def counter(metric: str, doc: str) -> Counter:
+            return Counter(metric, doc, list(labels), registry=self.registry).labels(**labels)
+
+        self.waiting = gauge("kvferry:num_requests_waiting", "Requests queued for their first step")
+        self.running = gauge("kvferry:num_requests_running", "Requests in the running batch")
+        self.kv_usage = gauge("kvferry:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1)")
+        self.prefix_queries = counter("kvferry:prefix_cache_queries_tokens", "Prompt tokens looked up in the prefix cache")
+        self.prefix_hits = counter("kvferry:prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache")
+        self.transfer_bytes = counter("kvferry:kv_transfer_bytes", "KV bytes sent to decode nodes")
+        self.transfer_failures = counter("kvferry:kv_transfer_failures", "KV transfers that failed")
+        self.local_prefills = counter("kvferry:local_prefills", "Prompts a decode node prefilled itself")
+        self.aborts = counter("kvferry:aborted_requests", "Requests aborted (client gone, router cancel)")
+        self.transfer_seconds = Histogram(
+            "kvferry:kv_transfer_seconds", "Duration of one request's KV transfer", list(labels),
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        ).labels(**labels)
+        self._ttft = Histogram(
+            "kvferry:ttft_phase_seconds", "Time to first token, by phase", [*labels, "phase"],
+            buckets=LATENCY_BUCKETS, registry=self.registry,
+        )
+        self._labels = labels
+
+    def observe_ttft(self, phase: str, seconds: float) -> None:
+        if phase not in TTFT_PHASES:
+            raise ValueError(f"phase must be one of {TTFT_PHASES}, got {phase!r}")
+        self._ttft.labels(**self._labels, phase=phase).observe(max(0.0, seconds))
+
+    def observe_prefix(self, prompt_tokens: int, cached_tokens: int) -> None:
+        self.prefix_queries.inc(prompt_tokens)
+        self.prefix_hits.inc(cached_tokens)
+
+    def render(self, running: int, waiting: int, blocks_in_use: int, blocks_total: int) -> bytes:
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.kv_usage.set(blocks_in_use / blocks_total if blocks_total else 0.0)
+        return generate_latest(self.registry)
