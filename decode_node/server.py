@@ -88,7 +88,7 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         activated = time.perf_counter()
         stream = await runtime.engine.activate(body.request_id, body.first_token, body.logprobs)
         return StreamingResponse(
-            ndjson_deltas(_timing_first_decode(stream, metrics, activated)), media_type="application/x-ndjson"
+            ndjson_deltas(_timing_first_decode(stream, metrics, activated), metrics.aborts.inc), media_type="application/x-ndjson"
         )
 
     @app.post(f"{API_PREFIX}/generate")
@@ -100,7 +100,7 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
         metrics.local_prefills.inc()
-        return StreamingResponse(ndjson_deltas(stream), media_type="application/x-ndjson")
+        return StreamingResponse(ndjson_deltas(stream, metrics.aborts.inc), media_type="application/x-ndjson")
 
     @app.post(f"{API_PREFIX}/abort/{{request_id}}")
     def abort(request_id: str) -> dict[str, bool]:

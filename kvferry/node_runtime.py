@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from fastapi import FastAPI
@@ -142,9 +142,11 @@ def add_common_routes(app: FastAPI, runtime: NodeRuntime) -> None:
         return Response(runtime.render_metrics(), media_type="text/plain; version=0.0.4")
 
 
-async def ndjson_deltas(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
-    """Cumulative engine outputs -> one JSON line per step with only what is new (n == 1)."""
+async def ndjson_deltas(stream: AsyncIterator[RequestOutput], on_abandoned: Callable[[], None]) -> AsyncIterator[bytes]:
+    """Cumulative engine outputs -> one JSON line per step with only what is new (n == 1).
+    `on_abandoned` runs when the reader leaves before the last line (the request is aborted then)."""
     sent_tokens, sent_text = 0, 0
+    finished = False
     try:
         async for output in stream:
             completion = output.outputs[0]
@@ -155,6 +157,11 @@ async def ndjson_deltas(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[b
                 logprobs=completion.logprobs[sent_tokens:] if completion.logprobs is not None else None,
             )
             sent_tokens, sent_text = len(completion.token_ids), len(completion.text)
+            finished = completion.finish_reason is not None
             yield (chunk.model_dump_json() + "\n").encode()
     except Exception as exc:  # noqa: BLE001 - the stream is already open: report in-band, then end
+        finished = True
         yield (json.dumps({"token_ids": [], "text": "", "finish_reason": "error", "error": str(exc)}) + "\n").encode()
+    finally:
+        if not finished:
+            on_abandoned()

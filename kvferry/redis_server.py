@@ -17,11 +17,11 @@ def free_port() -> int:
 
 
 class RedisServer:
-    def __init__(self, workdir: Path, log: Path | None = None) -> None:
+    def __init__(self, workdir: Path, log: Path | None = None, port: int | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise FileNotFoundError("redis-server is not installed (Debian: apt-get install redis-server)")
-        self.port = free_port()
+        self.port = port or free_port()  # a given port: a restart where clients expect the old server
         self.url = f"redis://127.0.0.1:{self.port}/0"
         output = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 - lives as long as the server
         self.process = subprocess.Popen(

@@ -1,0 +1,90 @@
+"""A disaggregated cluster of real processes for fault tests: its own redis-server (so a test can stop
+and restart it), prefill and decode nodes with short leases and timeouts, and the router.
+
+Built on kvferry.local_cluster.LocalCluster (what `kvferry up` runs), with each process addressable
+by name so that a test can kill one.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from kvferry.local_cluster import LocalCluster
+from kvferry.redis_server import RedisServer, free_port
+
+MODEL_NAME = "llama"  # the served name of the tiny checkpoint (its folder's name)
+LEASE_SECONDS = 2.0
+TRANSFER_TIMEOUT_SECONDS = 1.0
+
+
+class DisaggregatedCluster:
+    def __init__(self, model_dir: Path, num_prefill: int = 1, num_decode: int = 1) -> None:
+        self.local = LocalCluster()
+        self.redis = RedisServer(self.local.workdir, log=self.local.workdir / "redis.log")
+        self.urls: dict[str, str] = {}
+        python = [sys.executable, "-m", "kvferry"]
+        for role, count in (("prefill", num_prefill), ("decode", num_decode)):
+            for index in range(count):
+                name, port = f"{role}-{index}", free_port()
+                self.urls[name] = f"http://127.0.0.1:{port}"
+                self.local.spawn(name, [
+                    *python, role, "--model", str(model_dir), "--name", name, "--registry", self.redis.url,
+                    "--port", str(port), "--lease", str(LEASE_SECONDS), "--transfer-timeout", str(TRANSFER_TIMEOUT_SECONDS),
+                ])
+        router_port = free_port()
+        router = [*python, "router", "--model", str(model_dir), "--port", str(router_port)]
+        for name, url in self.urls.items():
+            router += ["--prefill" if name.startswith("prefill") else "--decode", url]
+        self.local.spawn("router", router)
+        self.urls["router"] = f"http://127.0.0.1:{router_port}"
+        try:
+            self.local.wait_ready(self.urls)
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def router(self) -> str:
+        return self.urls["router"]
+
+    def stats(self, name: str) -> dict:
+        return httpx.get(f"{self.urls[name]}/stats", timeout=5).json()
+
+    def metric(self, name: str, metric: str) -> float:
+        """Sum of a Prometheus sample family of one node (counters: their `_total` samples)."""
+        text = httpx.get(f"{self.urls[name]}/metrics", timeout=5).text
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(metric) and not line.startswith("#"):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def kill(self, name: str) -> None:
+        process = dict(self.local.processes)[name]
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+    def restart_redis(self) -> None:
+        port = self.redis.port
+        self.redis.stop()
+        self.redis = RedisServer(self.local.workdir, log=self.local.workdir / "redis-restarted.log", port=port)
+
+    def wait_until(self, check, timeout: float, what: str):  # noqa: ANN001 - a predicate returning a value
+        deadline = time.monotonic() + timeout
+        while True:
+            value = check()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not within {timeout}s: {what}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        self.local.stop()
+        self.redis.stop()

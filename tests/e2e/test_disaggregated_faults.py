@@ -1,0 +1,141 @@
+"""Faults on the disaggregated path with real processes (redis-server, nodes over UCX, router):
+a client that leaves, a prefill or decode node killed, Redis stopped and restarted; and the second turn
+of a chat moving only the blocks the decode node lacks."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+
+import httpx
+import pytest
+import redis
+from kvferry.engine import LLM, SamplingParams
+
+from tests.e2e.disaggregated_cluster import LEASE_SECONDS, MODEL_NAME, DisaggregatedCluster
+
+BLOCK_SIZE = 16
+
+
+@pytest.fixture
+def cluster(tiny_models):
+    cluster = DisaggregatedCluster(tiny_models["llama"])
+    yield cluster
+    cluster.stop()
+
+
+def _greedy(tiny_models, prompt: list[int], max_tokens: int) -> list[int]:
+    llm = LLM(tiny_models["llama"], dtype="float32", max_model_len=2048)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids
+
+
+def _complete(cluster: DisaggregatedCluster, prompt: list[int], max_tokens: int) -> dict:
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    response = httpx.post(f"{cluster.router}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]
+
+
+def _stream(cluster: DisaggregatedCluster, prompt: list[int], max_tokens: int):
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": True}
+    return httpx.stream("POST", f"{cluster.router}/v1/completions", json=body, timeout=30)
+
+
+def _idle(stats: dict) -> bool:
+    return stats["running"] == 0 and stats["waiting"] == 0 and stats["reserved"] == 0 and stats["held_kv"] == 0 \
+        and stats["blocks"]["in_use"] == 0
+
+
+def _prompt(seed: int, length: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1000) for _ in range(length)]
+
+
+def test_client_that_disconnects_is_aborted_on_both_nodes(cluster):
+    with _stream(cluster, _prompt(1, 40), max_tokens=1500) as response:
+        assert response.status_code == 200
+        lines = response.iter_lines()
+        assert next(line for line in lines if line).startswith("data: ")
+        cluster.wait_until(lambda: cluster.stats("decode-0")["running"] == 1, 10, "the decode node runs the request")
+    # Leaving the block closed the connection mid-stream.
+    cluster.wait_until(lambda: _idle(cluster.stats("decode-0")), 10, "decode node idle, its blocks freed")
+    assert _idle(cluster.stats("prefill-0"))
+    assert cluster.metric("decode-0", "kvferry:aborted_requests_total") == 1
+    assert cluster.metric("decode-0", "kvferry:num_requests_running") == 0
+
+
+def test_prefill_node_killed_falls_back_to_local_prefill_with_the_same_tokens(cluster, tiny_models):
+    prompt = _prompt(2, 70)
+    expected = _greedy(tiny_models, prompt, 8)
+    assert _complete(cluster, prompt, 8)["token_ids"] == expected
+    assert cluster.metric("decode-0", "kvferry:local_prefills_total") == 0
+    cluster.kill("prefill-0")
+    other = _prompt(3, 50)
+    assert _complete(cluster, other, 8)["token_ids"] == _greedy(tiny_models, other, 8)
+    assert cluster.metric("decode-0", "kvferry:local_prefills_total") == 1
+    assert _idle(cluster.stats("decode-0"))
+
+
+def test_decode_node_killed_mid_stream_ends_the_stream_and_the_prefill_node_holds_nothing(cluster):
+    events: list[str] = []
+    killed = None
+    try:
+        with _stream(cluster, _prompt(4, 60), 1500) as response:
+            for line in response.iter_lines():
+                if line:
+                    events.append(line)
+                if len(events) == 2 and killed is None:
+                    cluster.kill("decode-0")
+                    killed = time.monotonic()
+                assert len(events) < 1000, "the stream went on after its decode node died"
+        broken = False
+    except httpx.HTTPError:  # the router cut the stream: also a clear failure to the client
+        broken = True
+    assert killed is not None and time.monotonic() - killed < 5, "the stream must end soon after its decode node died"
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events if e.startswith("data: {")]
+    assert all(c.get("choices", [{}])[0].get("finish_reason") != "length" for c in chunks)
+    # Either the stream broke, or it ended with an error event, never as if it completed.
+    assert broken or any("error" in c for c in chunks), events[-3:]
+    cluster.wait_until(lambda: _idle(cluster.stats("prefill-0")), LEASE_SECONDS + 2, "prefill node holds no blocks")
+
+
+def test_redis_stopped_mid_run_requests_still_succeed_and_the_index_recovers(cluster, tiny_models):
+    index = redis.Redis.from_url(cluster.redis.url)
+    node_blocks = f"kvf:{MODEL_NAME}:node-blocks:prefill-0"
+    first = _prompt(5, 64)
+    _complete(cluster, first, 4)
+    cluster.wait_until(lambda: index.scard(node_blocks) >= len(first) // BLOCK_SIZE, 5, "prefill-0's blocks indexed")
+    cluster.redis.stop()
+    during = _prompt(6, 48)
+    assert _complete(cluster, during, 6)["token_ids"] == _greedy(tiny_models, during, 6)
+    cluster.restart_redis()  # same port, empty: everything the nodes knew must come back
+    index = redis.Redis.from_url(cluster.redis.url)
+    cluster.wait_until(lambda: index.exists("kvf:node:prefill-0") and index.exists("kvf:node:decode-0"), 5,
+                       "both nodes back in the node registry")
+    expected_blocks = (len(first) + len(during)) // BLOCK_SIZE
+    cluster.wait_until(lambda: index.scard(node_blocks) >= expected_blocks, 5, "the prefix index resynchronised")
+    assert cluster.stats("prefill-0")["reporter"]["index_failures"] >= 1
+    after = _prompt(7, 33)
+    assert _complete(cluster, after, 6)["token_ids"] == _greedy(tiny_models, after, 6)
+
+
+def test_second_turn_of_a_chat_sends_only_the_blocks_the_decode_node_lacks(cluster):
+    first = _prompt(8, 100)
+    sent_before = cluster.stats("prefill-0")["transfer"]["bytes_sent"]
+    reply = _complete(cluster, first, 20)["token_ids"]
+    first_bytes = cluster.stats("prefill-0")["transfer"]["bytes_sent"] - sent_before
+    block_bytes = first_bytes / math.ceil(len(first) / BLOCK_SIZE)  # the decode node held nothing yet
+    assert block_bytes == int(block_bytes) and block_bytes > 0
+    hits_before = cluster.metric("decode-0", "kvferry:prefix_cache_hits_tokens_total")
+
+    second = first + reply + _prompt(9, 30)  # the next turn: the history, then the new message
+    _complete(cluster, second, 4)
+    second_bytes = cluster.stats("prefill-0")["transfer"]["bytes_sent"] - sent_before - first_bytes
+    held_blocks = (cluster.metric("decode-0", "kvferry:prefix_cache_hits_tokens_total") - hits_before) / BLOCK_SIZE
+    assert held_blocks >= len(first) // BLOCK_SIZE  # at least the first prompt's full blocks stayed on D
+    assert second_bytes == (math.ceil(len(second) / BLOCK_SIZE) - held_blocks) * block_bytes
+    assert second_bytes < first_bytes
