@@ -30,8 +30,11 @@ class NodeConfig:
     host: str = "127.0.0.1"
     port: int = 8100
     dtype: str = "auto"
+    device: str = "auto"
     max_model_len: int | None = None
     num_kv_blocks: int | None = None
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 2048
     transfer_timeout_seconds: float = 2.0
     lease_seconds: float = 5.0
 
@@ -43,6 +46,9 @@ def add_node_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8100)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (a prefill node on one GPU, decode on another)")
+    parser.add_argument("--max-num-seqs", type=int, default=64, help="requests in one batch")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per step (the prefill chunk)")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--transfer-timeout", type=float, default=2.0, help="seconds before a KV transfer fails")
@@ -52,8 +58,16 @@ def add_node_arguments(parser: argparse.ArgumentParser, role: str) -> None:
 def node_config_from(args: argparse.Namespace, role: str) -> NodeConfig:
     return NodeConfig(
         role=role, name=args.name, model=args.model, registry=args.registry, host=args.host, port=args.port,
-        dtype=args.dtype, max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks,
+        dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         transfer_timeout_seconds=args.transfer_timeout, lease_seconds=args.lease,
+    )
+
+
+def engine_args_from(config: NodeConfig) -> EngineArgs:
+    return EngineArgs(
+        dtype=config.dtype, device=config.device, max_model_len=config.max_model_len, num_kv_blocks=config.num_kv_blocks,
+        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
     )
 
 
@@ -67,8 +81,7 @@ class NodeRuntime:
 
     @classmethod
     def start(cls, config: NodeConfig) -> NodeRuntime:
-        args = EngineArgs(dtype=config.dtype, max_model_len=config.max_model_len, num_kv_blocks=config.num_kv_blocks)
-        engine = LLMEngine(config.model, args)
+        engine = LLMEngine(config.model, engine_args_from(config))
         transfer = TransferEngine(TransferConfig(timeout_seconds=config.transfer_timeout_seconds))
         model = engine.served_model_name
         # The node registry record (docs/internals.md): who the node is; the reporter adds its load.
