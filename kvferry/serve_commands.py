@@ -13,13 +13,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         add_node_arguments(parser, role)
         parser.set_defaults(func=_serve_node, role=role)
 
-    router = subparsers.add_parser("router", help="run the OpenAI-compatible router (minimal, static node lists)")
-    router.add_argument("--model", required=True, help="the model folder (for its tokenizer)")
-    router.add_argument("--served-model-name", default=None)
-    router.add_argument("--prefill", action="append", required=True, help="a prefill node URL; repeat for more")
-    router.add_argument("--decode", action="append", required=True, help="a decode node URL; repeat for more")
-    router.add_argument("--host", default="127.0.0.1")
-    router.add_argument("--port", type=int, default=8000)
+    router = subparsers.add_parser("router", help="run the OpenAI-compatible router (docs/router.md)")
+    add_router_arguments(router)
     router.set_defaults(func=_serve_router)
 
     up = subparsers.add_parser("up", help="start redis (if found), prefill and decode nodes and the router locally")
@@ -47,18 +42,70 @@ def _serve_node(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_router_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", default=None, help="router YAML/JSON file (or the operator's cluster.json)")
+    parser.add_argument("--model", default=None, help="the model folder (tokenizer, chat template, context length)")
+    parser.add_argument("--served-model-name", default=None, help="the model's name in the API; default the folder's")
+    parser.add_argument("--prefill", action="append", default=None, help="a prefill node URL; repeat for more; none: colocated")
+    parser.add_argument("--decode", action="append", default=None, help="a decode node URL; repeat for more")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--redis-url", default=None, help="Redis with the prefix index (and the node registry)")
+    parser.add_argument("--registry", default=None, help="node registry URL (redis:// or file://); default --redis-url")
+    parser.add_argument("--policy", default=None, help="round_robin, least_load, prefix, default, or one from --config")
+    parser.add_argument("--api-key", action="append", default=[], help="an accepted API key; repeat; env KVFERRY_API_KEYS")
+    parser.add_argument("--metrics-auth", action="store_true", default=None, help="/metrics needs an API key too")
+    parser.add_argument("--discovery", choices=("static", "registry", "kubernetes"), default=None)
+    parser.add_argument("--namespace", default=None, help="kubernetes discovery: the nodes' namespace")
+    parser.add_argument("--prefill-selector", default=None, help="kubernetes discovery: label selector k=v,... of prefill pods")
+    parser.add_argument("--decode-selector", default=None, help="kubernetes discovery: label selector of decode pods")
+    parser.add_argument("--node-port", type=int, default=None, help="kubernetes discovery: the nodes' HTTP port")
+    parser.add_argument("--kubeconfig", default=None, help="kubernetes discovery: default in-cluster config")
+    parser.add_argument("--max-inflight", type=int, default=None, help="requests in flight before 429 (default 256)")
+    parser.add_argument("--max-model-len", type=int, default=None, help="default: the nodes' reports, else config.json")
+    parser.add_argument("--default-max-tokens", type=int, default=None, help="chat without max_tokens (default: the rest of the context)")
+
+
+def _selector(text: str | None) -> dict[str, str] | None:
+    if not text:
+        return None
+    pairs = [item.split("=", 1) for item in text.split(",") if item]
+    if any(len(pair) != 2 for pair in pairs):
+        raise SystemExit(f"a label selector is k=v,k2=v2, got {text!r}")
+    return dict(pairs)  # type: ignore[arg-type]
+
+
+def router_config_from(args: argparse.Namespace):  # -> kvferry.router.config.RouterConfig (imported lazily)
+    from kvferry.router.auth import api_keys_from
+    from kvferry.router.config import load_config
+
+    selectors = {role: s for role in ("prefill", "decode") if (s := _selector(getattr(args, f"{role}_selector")))}
+    overrides = {
+        "model": {"path": args.model, "served_name": args.served_model_name, "max_model_len": args.max_model_len},
+        "redis": {"url": args.redis_url},
+        "registry": args.registry,
+        "policy": args.policy,
+        "metrics_need_auth": args.metrics_auth,
+        "max_inflight": args.max_inflight,
+        "default_max_tokens": args.default_max_tokens,
+        "discovery": {"mode": args.discovery, "prefill": args.prefill, "decode": args.decode, "namespace": args.namespace,
+                      "selectors": selectors or None, "port": args.node_port, "kubeconfig": args.kubeconfig},
+    }
+    config = load_config(args.config, overrides)
+    return config.model_copy(update={"api_keys": [*config.api_keys, *api_keys_from(args.api_key)]})
+
+
 def _serve_router(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     import uvicorn
+    from pydantic import ValidationError
 
-    from kvferry.router.minimal import create_app
+    from kvferry.router.app import create_app
 
-    name = args.served_model_name or Path(args.model).name
-    uvicorn.run(
-        create_app(args.model, name, args.prefill, args.decode), host=args.host, port=args.port, log_level="warning",
-        timeout_graceful_shutdown=3,
-    )
+    try:
+        config = router_config_from(args)
+    except (ValidationError, ValueError, OSError) as exc:
+        raise SystemExit(f"kvferry router: bad configuration: {exc}") from None
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3)
     return 0
 
 

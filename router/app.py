@@ -1,0 +1,140 @@
+"""The router's FastAPI app: OpenAI routes, probes, metrics, and the wiring of its parts."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from kvferry.kvcache.prefix_index import PrefixIndex, prefix_index_from
+from kvferry.router.admission import Admission
+from kvferry.router.auth import APIKeyMiddleware
+from kvferry.router.body_limit import BodyLimitMiddleware
+from kvferry.router.cluster import ClusterState
+from kvferry.router.config import RouterConfig
+from kvferry.router.discovery import Discovery, RegistryDiscovery, StaticDiscovery
+from kvferry.router.errors import ERROR_RESPONSES, install_error_handlers
+from kvferry.router.health import HealthTracker
+from kvferry.router.metrics import RouterMetrics
+from kvferry.router.openai_schema import (
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionRequest,
+    CompletionResponse,
+    ModelCard,
+    ModelList,
+)
+from kvferry.router.pd_flow import PDFlow
+from kvferry.router.plugins import load_plugins
+from kvferry.router.prompts import ModelLimits, PromptEncoder
+from kvferry.router.registry_view import RegistryView
+from kvferry.router.scheduling import Scheduler
+from kvferry.router.service import CompletionService
+from kvferry.transfer.registry import registry_from
+
+NODE_CLIENT_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=512)
+
+
+def _discovery(config: RouterConfig, view: RegistryView) -> Discovery:
+    settings = config.discovery
+    if settings.mode == "registry":
+        return RegistryDiscovery(view)
+    if settings.mode == "kubernetes":
+        from kvferry.router.kubernetes_discovery import KubernetesDiscovery
+
+        return KubernetesDiscovery.from_config(settings)
+    return StaticDiscovery(settings.prefill, settings.decode)
+
+
+def _generation_responses(model: type) -> dict[int | str, dict[str, Any]]:
+    streamed = {"text/event-stream": {"schema": {"type": "string", "description": "SSE `data:` chunks, then `data: [DONE]`"}}}
+    return {200: {"model": model, "content": streamed, "description": "The completion, or its SSE stream"}, **ERROR_RESPONSES}
+
+
+def _openapi_without_422(app: FastAPI) -> dict[str, Any]:
+    # Invalid bodies get 400 (OpenAI's status), so FastAPI's automatic 422 would document a lie.
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        for operations in schema.get("paths", {}).values():
+            for operation in operations.values():
+                operation.get("responses", {}).pop("422", None)
+        for name in ("HTTPValidationError", "ValidationError"):
+            schema.get("components", {}).get("schemas", {}).pop(name, None)
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
+def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery: Discovery | None = None) -> FastAPI:
+    """`index` and `discovery` replace the ones the config names (tests)."""
+    model = config.served_model_name
+    metrics = RouterMetrics()
+    client = httpx.AsyncClient(limits=NODE_CLIENT_LIMITS, timeout=httpx.Timeout(60.0, connect=2.0))
+    view = RegistryView(registry_from(config.registry_url) if config.registry_url else None, config.stale_record_seconds)
+    cluster = ClusterState(discovery or _discovery(config, view), view, HealthTracker(), config.health_interval_seconds, client)
+    if index is None and config.redis.url:
+        index = prefix_index_from(config.redis.url, model)
+    encoder = PromptEncoder(config.model.path, ModelLimits.from_dir(config.model.path, config.model.max_model_len))
+    service = CompletionService(
+        model=model, encoder=encoder, cluster=cluster, scheduler=Scheduler(config.resolve_policy()), index=index,
+        flow=PDFlow(client, cluster, metrics, config.prefill_timeout_seconds), metrics=metrics,
+        plugins=load_plugins(config.plugins), admission=Admission(config.max_inflight),
+        default_max_tokens=config.default_max_tokens,
+    )
+    started = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await cluster.start()
+        yield
+        await cluster.stop()
+        await client.aclose()
+
+    app = FastAPI(title="kvferry router", version="1", lifespan=lifespan)
+    app.openapi = lambda: _openapi_without_422(app)  # type: ignore[method-assign]
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
+    app.add_middleware(APIKeyMiddleware, keys=config.api_keys, metrics_need_auth=config.metrics_need_auth)
+    app.state.cluster, app.state.metrics, app.state.service = cluster, metrics, service
+    metrics.inflight.set_function(lambda: service.admission.inflight)
+    unauthorized = {401: ERROR_RESPONSES[401]}
+
+    @app.post("/v1/completions", response_model=None, responses=_generation_responses(CompletionResponse))
+    async def completions(body: CompletionRequest) -> JSONResponse | StreamingResponse:
+        return await service.serve(body)
+
+    @app.post("/v1/chat/completions", response_model=None, responses=_generation_responses(ChatCompletionResponse))
+    async def chat_completions(body: ChatCompletionRequest) -> JSONResponse | StreamingResponse:
+        return await service.serve(body)
+
+    @app.get("/v1/models", responses=unauthorized)
+    def models() -> ModelList:
+        return ModelList(data=[ModelCard(id=model, created=started, max_model_len=encoder.limits.max_model_len)])
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        """Liveness: the router process answers."""
+        return {"status": "ok"}
+
+    @app.get("/ready", responses={503: {"description": "No healthy decode node yet"}})
+    def ready() -> JSONResponse:
+        """Readiness: at least one healthy decode node to send requests to."""
+        decode = [node for node in cluster.views() if node.role == "decode" and node.healthy]
+        return JSONResponse({"status": "ready" if decode else "waiting for a decode node"}, status_code=200 if decode else 503)
+
+    @app.get("/metrics", response_class=Response, responses={200: {"content": {"text/plain": {}}}, **unauthorized})
+    def prometheus() -> Response:
+        return Response(metrics.exposition(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/stats", responses=unauthorized)
+    def stats() -> dict[str, Any]:
+        """Counters as JSON, and the nodes as the scheduler sees them."""
+        nodes = [node.__dict__ for node in cluster.views()]
+        return {**metrics.stats(), "policy": service.scheduler.policy.name, "inflight": service.admission.inflight,
+                "nodes": nodes}
+
+    return app

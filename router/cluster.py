@@ -1,0 +1,108 @@
+"""The router's view of the cluster: discovery's endpoints joined with registry records, health and the
+router's own in-flight counts, turned into NodeView snapshots for the scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+from kvferry.router.discovery import Discovery
+from kvferry.router.health import HealthTracker
+from kvferry.router.nodes import Endpoint, NodeView
+from kvferry.router.registry_view import RegistryView
+
+log = logging.getLogger(__name__)
+REGISTRY_REFRESH_SECONDS = 1.0
+PROBE_TIMEOUT_SECONDS = 1.0
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def node_view(endpoint: Endpoint, entry: tuple[str, dict[str, Any]] | None, healthy: bool, inflight: int,
+              stale: bool = False) -> NodeView:
+    """One node's snapshot; every load field a record lacks stays None (unknown)."""
+    if entry is None:
+        return NodeView(name=endpoint.url, url=endpoint.url, role=endpoint.role, healthy=healthy, inflight=inflight)
+    name, record = entry
+    pool = record.get("pool") if isinstance(record.get("pool"), dict) else {}
+    model = record.get("model") or pool.get("model")
+    return NodeView(
+        name=name, url=endpoint.url, role=endpoint.role, inflight=inflight,
+        healthy=healthy and not stale and record.get("healthy", True) is not False,
+        model=str(model) if model else None,
+        running=_int(record.get("running")), waiting=_int(record.get("waiting")),
+        free_blocks=_int(record.get("free_blocks")), total_blocks=_int(record.get("total_blocks")),
+        block_size=_int(pool.get("block_size")), max_model_len=_int(record.get("max_model_len")),
+    )
+
+
+class ClusterState:
+    def __init__(self, discovery: Discovery, registry: RegistryView, health: HealthTracker,
+                 health_interval_seconds: float, client: httpx.AsyncClient) -> None:
+        self.discovery, self.registry, self.health = discovery, registry, health
+        self.health_interval_seconds = health_interval_seconds
+        self.client = client
+        self.inflight: Counter[str] = Counter()
+        self._tasks: list[asyncio.Task] = []
+
+    def views(self) -> list[NodeView]:
+        return [
+            node_view(endpoint, entry, self.health.is_healthy(endpoint.url), self.inflight[endpoint.url],
+                      stale=entry is not None and self.registry.is_stale(entry[1]))
+            for endpoint in self.discovery.endpoints()
+            for entry in [self.registry.lookup(endpoint.url)]
+        ]
+
+    @contextlib.contextmanager
+    def track(self, url: str) -> Iterator[None]:
+        """Count a request as in flight on a node while the block runs."""
+        self.inflight[url] += 1
+        try:
+            yield
+        finally:
+            self.inflight[url] -= 1
+
+    async def start(self) -> None:
+        self.discovery.start()
+        await asyncio.to_thread(self.registry.refresh)
+        self._tasks = [asyncio.create_task(self._refresh_registry()), asyncio.create_task(self._probe())]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.discovery.stop()
+
+    async def _refresh_registry(self) -> None:
+        while True:
+            await asyncio.sleep(REGISTRY_REFRESH_SECONDS)
+            await asyncio.to_thread(self.registry.refresh)
+
+    async def _probe(self) -> None:
+        while True:
+            endpoints = self.discovery.endpoints()
+            self.health.forget_except({endpoint.url for endpoint in endpoints})
+            await asyncio.gather(*(self.probe_one(e.url) for e in endpoints if self.health.due_for_probe(e.url)))
+            await asyncio.sleep(self.health_interval_seconds)
+
+    async def probe_one(self, url: str) -> bool:
+        try:
+            response = await self.client.get(f"{url}/health", timeout=PROBE_TIMEOUT_SECONDS)
+            ok = response.status_code == 200
+        except httpx.HTTPError:
+            ok = False
+        if ok:
+            if not self.health.is_healthy(url):
+                log.info("node %s is healthy again", url)
+            self.health.record_success(url)
+        else:
+            log.warning("node %s failed its health probe: ejected", url)
+            self.health.record_failure(url)
+        return ok

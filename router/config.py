@@ -1,0 +1,135 @@
+"""The router's settings: a YAML (or JSON) file, `--config`, with flags on top.
+
+The file may be the operator's cluster.json (`model`, `redis`, `discovery` sections in camelCase; the
+node-only sections are accepted and ignored) or a router file in snake_case; see docs/router.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from kvferry.router.scheduling.policies import POLICIES, Policy
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+
+class _Section(BaseModel):
+    # Both spellings: snake_case in router files, camelCase in the operator's cluster.json.
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True)
+
+
+class ModelSection(_Section):
+    path: str
+    served_name: str | None = None
+    max_model_len: int | None = None  # default: the nodes' reports, else config.json (capped at 8192)
+
+
+class RedisSection(_Section):
+    url: str | None = None  # the prefix index and, unless `registry` says otherwise, the node registry
+
+
+class DiscoverySection(_Section):
+    mode: Literal["static", "registry", "kubernetes"] = "static"
+    prefill: list[str] = Field(default_factory=list)  # static URLs
+    decode: list[str] = Field(default_factory=list)
+    namespace: str | None = None  # kubernetes: default the router pod's own
+    port: int = 8000
+    selectors: dict[Literal["prefill", "decode"], dict[str, str]] = Field(default_factory=dict)
+    kubeconfig: str | None = None  # default: in-cluster config
+
+
+class PluginSection(_Section):
+    name: str  # an entry point of the group kvferry.plugins, or "module:attribute"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class PolicySection(_Section):
+    prefill: dict[str, float] = Field(default_factory=dict)
+    decode: dict[str, float] = Field(default_factory=dict)
+
+
+class RouterConfig(_Section):
+    model: ModelSection
+    redis: RedisSection = RedisSection()
+    registry: str | None = None  # redis:// or file:// URL of the node registry; default redis.url
+    discovery: DiscoverySection = DiscoverySection()
+    policy: str = "default"
+    policies: dict[str, PolicySection] = Field(default_factory=dict)  # custom weights by name
+    plugins: list[PluginSection] = Field(default_factory=list)  # run in this order
+    api_keys: list[str] = Field(default_factory=list)
+    metrics_need_auth: bool = False
+    max_inflight: int = Field(256, ge=1)  # requests beyond it get 429
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+    default_max_tokens: int | None = None  # chat without max_tokens: default the rest of the context
+    health_interval_seconds: float = Field(2.0, gt=0)
+    stale_record_seconds: float = Field(15.0, gt=0)  # three missed heartbeats: the node is dead
+    prefill_timeout_seconds: float = Field(60.0, gt=0)
+    # Read by the nodes from the operator's cluster.json, not by the router.
+    cluster: str | None = None
+    namespace: str | None = None
+    kv_cache: dict[str, Any] | None = None
+    transfer: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _known_policy(self) -> RouterConfig:
+        self.resolve_policy()
+        return self
+
+    @property
+    def served_model_name(self) -> str:
+        return self.model.served_name or Path(self.model.path).name
+
+    @property
+    def registry_url(self) -> str | None:
+        return self.registry or self.redis.url
+
+    def resolve_policy(self) -> Policy:
+        if self.policy in self.policies:
+            custom = self.policies[self.policy]
+            return Policy(self.policy, prefill=custom.prefill, decode=custom.decode)
+        if self.policy not in POLICIES:
+            raise ValueError(f"unknown policy {self.policy!r}; built in: {sorted(POLICIES)}, configured: {sorted(self.policies)}")
+        return POLICIES[self.policy]
+
+
+def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Nested dicts merged key by key; a None override leaves the base value alone."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        if value is None:
+            continue
+        if isinstance(value, dict):
+            merged[key] = merge(merged[key] if isinstance(merged.get(key), dict) else {}, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any]) -> RouterConfig:
+    """The file (if any) with `overrides` (flags, snake_case) on top."""
+    document: dict[str, Any] = {}
+    if path is not None:
+        document = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(document, dict):
+            raise ValueError(f"{path}: the router config must be a mapping")
+        document = _snake_case_keys(document)
+    return RouterConfig.model_validate(merge(document, overrides))
+
+
+def _snake_case_keys(document: dict[str, Any]) -> dict[str, Any]:
+    # Flags are merged in snake_case; file sections written in camelCase must meet them under one key.
+    # Only the sections' own keys are converted: label selectors and plugin options stay as written.
+    sections = {"model", "redis", "discovery"}
+    converted: dict[str, Any] = {}
+    for key, value in document.items():
+        name = _to_snake(key)
+        if name in sections and isinstance(value, dict):
+            value = {_to_snake(k): v for k, v in value.items()}
+        converted[name] = value
+    return converted
+
+
+def _to_snake(name: str) -> str:
+    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)

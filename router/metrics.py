@@ -1,0 +1,55 @@
+"""The router's Prometheus metrics (one CollectorRegistry per app, so several routers can live in one
+process, e.g. in tests) and the counters /stats shows as JSON."""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram("kvferry:time_to_first_token_seconds", "Request arrival to first token",
+                              buckets=LATENCY_BUCKETS, registry=r)
+        self.itl = Histogram("kvferry:inter_token_latency_seconds", "Gap between tokens of one stream",
+                             buckets=TOKEN_GAP_BUCKETS, registry=r)
+        self.e2e = Histogram("kvferry:e2e_request_latency_seconds", "Request arrival to last token",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.requests = Counter("kvferry:router_requests", "Finished requests by HTTP status", ["status"], registry=r)
+        self.prompt_tokens = Counter("kvferry:prompt_tokens", "Prompt tokens routed", registry=r)
+        self.prefix_hit_tokens = Counter("kvferry:prefix_hit_tokens",
+                                         "Prompt tokens the chosen node held per the prefix index", registry=r)
+        self.decisions = Counter("kvferry:routing_decisions", "Scheduling decisions", ["policy", "role", "node"], registry=r)
+        self.fallbacks = Counter("kvferry:local_prefill_fallbacks", "Requests a decode node prefilled itself",
+                                 ["reason"], registry=r)
+        self.inflight = Gauge("kvferry:router_inflight_requests", "Requests in flight in this router", registry=r)
+        self.tally: Tally[str] = Tally()  # /stats
+
+    def request_done(self, status: int) -> None:
+        self.requests.labels(status=str(status)).inc()
+        self.tally["requests"] += 1
+
+    def routed(self, policy: str, role: str, node: str) -> None:
+        self.decisions.labels(policy=policy, role=role, node=node).inc()
+
+    def prefix(self, prompt_tokens: int, hit_tokens: int) -> None:
+        self.prompt_tokens.inc(prompt_tokens)
+        self.prefix_hit_tokens.inc(hit_tokens)
+        self.tally["prompt_tokens"] += prompt_tokens
+        self.tally["prefix_hit_tokens"] += hit_tokens
+
+    def fallback(self, reason: str) -> None:
+        self.fallbacks.labels(reason=reason).inc()
+        self.tally["local_prefill_fallbacks"] += 1
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def stats(self) -> dict[str, int]:
+        return {key: self.tally[key] for key in ("requests", "prompt_tokens", "prefix_hit_tokens", "local_prefill_fallbacks")}

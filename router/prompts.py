@@ -1,0 +1,68 @@
+"""From an OpenAI request to prompt token ids, with the model's tokenizer and chat template, and the
+limits (context length, vocabulary) that decide a 400 before any node is called."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvferry.engine.tokenizer import ModelTokenizer
+from kvferry.router.errors import APIError
+
+# The engine's own default cap (engine/llm_engine.py) when a node is not given --max-model-len.
+ENGINE_MAX_MODEL_LEN = 8192
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    max_model_len: int
+    vocab_size: int
+
+    @classmethod
+    def from_dir(cls, model_dir: str | Path, max_model_len: int | None = None) -> ModelLimits:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        context = min(ENGINE_MAX_MODEL_LEN, int(config.get("max_position_embeddings", ENGINE_MAX_MODEL_LEN)))
+        return cls(max_model_len=max_model_len or context, vocab_size=int(config["vocab_size"]))
+
+
+class PromptEncoder:
+    def __init__(self, model_dir: str | Path, limits: ModelLimits) -> None:
+        self.tokenizer = ModelTokenizer(model_dir)
+        self.limits = limits
+
+    def chat(self, messages: list[dict[str, str]]) -> list[int]:
+        try:
+            text = self.tokenizer.apply_chat_template(messages)
+        except Exception as exc:  # noqa: BLE001 - templates raise what they like on messages they refuse
+            raise APIError(400, f"the chat template refused the messages: {exc}", param="messages") from None
+        # The template writes the special tokens (BOS) itself.
+        return self.check(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def completion(self, prompt: str | list[int]) -> list[int]:
+        return self.check(self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt))
+
+    def check(self, token_ids: list[int]) -> list[int]:
+        if not token_ids:
+            raise APIError(400, "the prompt is empty: it must hold at least one token", param="prompt")
+        vocab = self.limits.vocab_size
+        if any(not 0 <= token < vocab for token in token_ids):
+            raise APIError(400, f"the prompt holds token ids outside the vocabulary [0, {vocab})", param="prompt")
+        return token_ids
+
+    def max_tokens(self, prompt_len: int, requested: int | None, max_model_len: int) -> int:
+        """The completion's budget: the request's, else the rest of the context; 400 when it does not fit."""
+        if requested is None:
+            requested = max_model_len - prompt_len
+        if prompt_len + requested > max_model_len or requested < 1:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {max_model_len} tokens. However, you requested "
+                f"{prompt_len + max(requested, 1)} tokens ({prompt_len} in the prompt, {max(requested, 1)} in the "
+                "completion). Please reduce the prompt or the completion length.",
+                param="max_tokens", code="context_length_exceeded",
+            )
+        return requested
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)

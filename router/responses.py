@@ -1,0 +1,124 @@
+"""OpenAI's response shapes from the nodes' stream chunks: whole responses, SSE chunks, logprobs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Kind = Literal["chat", "completion"]
+TokenText = Callable[[int], str]
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    return f"data: {payload}\n\n".encode()
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _sampled_and_top(entry: dict[str, float], token_id: int, top: int) -> tuple[float, list[tuple[int, float]]]:
+    # Node chunks carry {token_id: logprob} (string keys after JSON) for the sampled token and the top ones.
+    values = {int(key): value for key, value in entry.items()}
+    ranked = sorted(values.items(), key=lambda item: -item[1])[:top]
+    return values.get(token_id, float("-inf")), ranked
+
+
+def completion_logprobs(token_ids: list[int], entries: list[dict[str, float]], top: int, token_text: TokenText,
+                        offset: int) -> dict[str, Any]:
+    tokens, sampled, tops, offsets = [], [], [], []
+    for token_id, entry in zip(token_ids, entries, strict=False):
+        logprob, ranked = _sampled_and_top(entry, token_id, top)
+        text = token_text(token_id)
+        tokens.append(text)
+        sampled.append(logprob)
+        tops.append({token_text(t): v for t, v in ranked})
+        offsets.append(offset)
+        offset += len(text)
+    return {"tokens": tokens, "token_logprobs": sampled, "top_logprobs": tops, "text_offset": offsets}
+
+
+def chat_logprobs(token_ids: list[int], entries: list[dict[str, float]], top: int, token_text: TokenText) -> dict[str, Any]:
+    def item(token_id: int, logprob: float) -> dict[str, Any]:
+        text = token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    content = []
+    for token_id, entry in zip(token_ids, entries, strict=False):
+        logprob, ranked = _sampled_and_top(entry, token_id, top)
+        content.append({**item(token_id, logprob), "top_logprobs": [item(t, v) for t, v in ranked]})
+    return {"content": content}
+
+
+@dataclass
+class Choice:
+    """One choice's accumulated output."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[str, float]] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class ResponseShape:
+    """Everything the formatting of one request's responses needs besides the chunks."""
+
+    kind: Kind
+    request_id: str
+    created: int
+    model: str
+    logprobs: int | None  # top alternatives per token; None: no logprobs
+    token_text: TokenText
+
+    @property
+    def object_name(self) -> str:
+        return "chat.completion" if self.kind == "chat" else "text_completion"
+
+    def _logprobs(self, token_ids: list[int], entries: list[dict[str, float]] | None, offset: int) -> dict | None:
+        if self.logprobs is None or entries is None:
+            return None
+        if self.kind == "chat":
+            return chat_logprobs(token_ids, entries, self.logprobs, self.token_text)
+        return completion_logprobs(token_ids, entries, self.logprobs, self.token_text, offset)
+
+    def whole(self, choices: list[Choice], prompt_tokens: int) -> dict[str, Any]:
+        rendered = []
+        for choice in choices:
+            logprobs = self._logprobs(choice.token_ids, choice.logprobs, 0)
+            body: dict[str, Any] = {"index": choice.index, "finish_reason": choice.finish_reason, "logprobs": logprobs}
+            if self.kind == "chat":
+                body["message"] = {"role": "assistant", "content": choice.text}
+            else:
+                body["text"] = choice.text
+            body["token_ids"] = choice.token_ids  # beyond OpenAI: tests compare tokens exactly
+            rendered.append(body)
+        completion_tokens = sum(len(choice.token_ids) for choice in choices)
+        return {"id": self.request_id, "object": self.object_name, "created": self.created, "model": self.model,
+                "choices": rendered, "usage": usage(prompt_tokens, completion_tokens)}
+
+    def chunk(self, choices: list[dict[str, Any]], with_usage_field: bool) -> dict[str, Any]:
+        body: dict[str, Any] = {"id": self.request_id, "object": f"{self.object_name}.chunk" if self.kind == "chat"
+                                else "text_completion", "created": self.created, "model": self.model, "choices": choices}
+        if with_usage_field:
+            body["usage"] = None
+        return body
+
+    def role_delta(self, index: int) -> dict[str, Any]:
+        return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+
+    def delta(self, index: int, text: str, token_ids: list[int], entries: list[dict[str, float]] | None,
+              finish_reason: str | None, offset: int) -> dict[str, Any]:
+        logprobs = self._logprobs(token_ids, entries, offset)
+        if self.kind == "chat":
+            delta = {"content": text} if text or finish_reason is None else {}
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
+        return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+        return {**self.chunk([], with_usage_field=False), "usage": usage(prompt_tokens, completion_tokens)}

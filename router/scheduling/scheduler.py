@@ -1,0 +1,71 @@
+"""One scheduling decision: filters, then weighted scorers, then the picker; decode node first (its
+reservation comes first in the P/D flow, and the prefill choice may depend on where it is)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvferry.router.nodes import NodeView, Role
+from kvferry.router.scheduling.filters import FILTERS, Filter
+from kvferry.router.scheduling.picker import MaxScorePicker
+from kvferry.router.scheduling.policies import Policy, ScorerWeights
+from kvferry.router.scheduling.request import SchedulingRequest
+from kvferry.router.scheduling.scorers import SCORERS
+
+DEFAULT_FILTERS = ("healthy", "model")
+
+
+class NoNodeAvailable(RuntimeError):
+    """No node of a role passed the filters: the cluster cannot take the request now."""
+
+    def __init__(self, role: Role) -> None:
+        super().__init__(f"no healthy {role} node is available")
+        self.role = role
+
+
+@dataclass(frozen=True)
+class Decision:
+    decode: NodeView
+    prefill: NodeView | None  # None: the decode node prefills (colocated, or no prefill node is up)
+    cached_blocks: int  # leading prompt blocks the prefilling node holds, per the index
+    colocated: bool = False  # the cluster has no prefill nodes at all
+
+    @property
+    def prefilling_node(self) -> NodeView:
+        return self.prefill or self.decode
+
+
+class Scheduler:
+    def __init__(self, policy: Policy, filters: Sequence[str] = DEFAULT_FILTERS) -> None:
+        self.policy = policy
+        self.filters: list[Filter] = [FILTERS[name] for name in filters]
+        self.picker = MaxScorePicker()
+
+    def schedule(self, request: SchedulingRequest, nodes: Sequence[NodeView]) -> Decision:
+        prefill_nodes = self._candidates(request, nodes, "prefill")
+        colocated = not any(node.role == "prefill" for node in nodes)
+        # Without a prefill node to take the prompt, the decode node prefills: choose it as a prefill node.
+        decode_weights = self.policy.decode if prefill_nodes else self.policy.prefill
+        decode = self._pick(request, self._candidates(request, nodes, "decode"), decode_weights, "decode")
+        if not prefill_nodes:
+            return Decision(decode, None, request.cached_blocks.get(decode.name, 0), colocated=colocated)
+        prefill = self._pick(dataclasses.replace(request, decode=decode), prefill_nodes, self.policy.prefill, "prefill")
+        return Decision(decode, prefill, request.cached_blocks.get(prefill.name, 0))
+
+    def _candidates(self, request: SchedulingRequest, nodes: Sequence[NodeView], role: Role) -> list[NodeView]:
+        candidates = [node for node in nodes if node.role == role]
+        for keep in self.filters:
+            candidates = keep(request, candidates)
+        return candidates
+
+    def _pick(self, request: SchedulingRequest, nodes: list[NodeView], weights: ScorerWeights, role: Role) -> NodeView:
+        if not nodes:
+            raise NoNodeAvailable(role)
+        total = [0.0] * len(nodes)
+        for name, weight in weights.items():
+            if weight:
+                for index, score in enumerate(SCORERS[name](request, nodes)):
+                    total[index] += weight * score
+        return self.picker.pick(role, nodes, total)

@@ -1,0 +1,53 @@
+"""Scorers: each rates every candidate in [0, 1], higher is better. An unknown load reads as neutral (0.5)
+so that a node whose heartbeat has not reported yet is neither preferred nor avoided."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvferry.router.nodes import NodeView
+from kvferry.router.scheduling.request import SchedulingRequest
+
+Scorer = Callable[[SchedulingRequest, list[NodeView]], list[float]]
+NEUTRAL = 0.5
+
+
+def prefix_hit(request: SchedulingRequest, nodes: list[NodeView]) -> list[float]:
+    """The share of the prompt's full blocks the node already holds (prefix index)."""
+    if request.num_blocks == 0:
+        return [0.0 for _ in nodes]
+    return [min(1.0, request.cached_blocks.get(node.name, 0) / request.num_blocks) for node in nodes]
+
+
+def queue_depth(_: SchedulingRequest, nodes: list[NodeView]) -> list[float]:
+    """Shortest queue 1, longest 0, linear between (llm-d's queue scorer); all equal: 1."""
+    depths = [node.queue_depth for node in nodes]
+    low, high = min(depths, default=0), max(depths, default=0)
+    if high == low:
+        return [1.0 for _ in nodes]
+    return [(high - depth) / (high - low) for depth in depths]
+
+
+def kv_pressure(_: SchedulingRequest, nodes: list[NodeView]) -> list[float]:
+    """The free share of the node's KV pool."""
+    return [
+        node.free_blocks / node.total_blocks if node.free_blocks is not None and node.total_blocks else NEUTRAL
+        for node in nodes
+    ]
+
+
+def transfer_cost(request: SchedulingRequest, nodes: list[NodeView]) -> list[float]:
+    """1 where moving the prompt's KV is cheapest. A decode node scores the share of the prompt it already
+    holds (those blocks are not sent); a prefill node scores 1 on the chosen decode node's host (shared
+    memory or CUDA IPC instead of the network), 0 elsewhere."""
+    if request.decode is None:
+        return prefix_hit(request, nodes)
+    return [1.0 if node.host == request.decode.host else 0.0 for node in nodes]
+
+
+SCORERS: dict[str, Scorer] = {
+    "prefix_hit": prefix_hit,
+    "queue_depth": queue_depth,
+    "kv_pressure": kv_pressure,
+    "transfer_cost": transfer_cost,
+}

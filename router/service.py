@@ -1,0 +1,240 @@
+"""One OpenAI request end to end: plugins, tokenization, limits, scheduling (one prefix-index lookup per
+prompt), the P/D flow for each choice, and the response (whole or SSE), with its metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi.responses import JSONResponse, StreamingResponse
+from kvferry.kvcache import hash_prompt_blocks
+from kvferry.kvcache.prefix_index import PrefixIndex
+from kvferry.router.admission import Admission
+from kvferry.router.cluster import ClusterState
+from kvferry.router.errors import APIError, overloaded
+from kvferry.router.metrics import RouterMetrics
+from kvferry.router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingFields
+from kvferry.router.pd_flow import PDFlow
+from kvferry.router.plugins import PluginChain, PluginContext
+from kvferry.router.prompts import PromptEncoder
+from kvferry.router.responses import Choice, ResponseShape, sse
+from kvferry.router.scheduling import NoNodeAvailable, Scheduler, SchedulingRequest
+from kvferry.router.streams import merge_streams
+
+from kvferry.internal_api import SamplingSpec
+
+DEFAULT_BLOCK_SIZE = 16  # the nodes' default; their records say when they use another
+
+
+@dataclass(frozen=True)
+class SubRequest:
+    """One choice: the nodes' stream serves n == 1, so n choices (and each prompt of a batch) go separately."""
+
+    choice: int
+    prompt_ids: list[int]
+    spec: SamplingSpec
+
+
+def sampling_spec(body: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingSpec:
+    def given(value: float | int | None, default: float | int) -> float | int:
+        return default if value is None else value
+
+    spec = SamplingSpec(
+        n=1, temperature=given(body.temperature, 1.0), top_p=given(body.top_p, 1.0), top_k=given(body.top_k, 0),
+        min_p=given(body.min_p, 0.0), seed=body.seed, presence_penalty=given(body.presence_penalty, 0.0),
+        frequency_penalty=given(body.frequency_penalty, 0.0), repetition_penalty=given(body.repetition_penalty, 1.0),
+        stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
+        stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos, max_tokens=max_tokens, logprobs=logprobs,
+    )
+    try:
+        spec.to_params()  # the engine's own checks, before any node is called
+    except (TypeError, ValueError) as exc:
+        raise APIError(400, str(exc)) from None
+    return spec
+
+
+class CompletionService:
+    def __init__(self, *, model: str, encoder: PromptEncoder, cluster: ClusterState, scheduler: Scheduler,
+                 index: PrefixIndex | None, flow: PDFlow, metrics: RouterMetrics, plugins: PluginChain,
+                 admission: Admission, default_max_tokens: int | None) -> None:
+        self.model, self.encoder, self.cluster, self.scheduler = model, encoder, cluster, scheduler
+        self.index, self.flow, self.metrics, self.plugins = index, flow, metrics, plugins
+        self.admission, self.default_max_tokens = admission, default_max_tokens
+
+    async def serve(self, body: CompletionRequest | ChatCompletionRequest) -> JSONResponse | StreamingResponse:
+        arrived = time.perf_counter()
+        if body.model != self.model:
+            raise APIError(404, f"The model `{body.model}` does not exist; this router serves `{self.model}`",
+                           param="model", code="model_not_found")
+        self.admission.enter()
+        streaming, status = False, 500
+        try:
+            shape, prompt_lens, subs, context = self._prepare(body)
+            merged = merge_streams([await self._stream(sub) for sub in subs])
+            if body.stream:
+                include_usage = bool(body.stream_options and body.stream_options.include_usage)
+                first = await self._first(merged)
+                streaming = True
+                events = self._sse(shape, merged, first, len(subs), sum(prompt_lens), include_usage, context, arrived)
+                return StreamingResponse(events, media_type="text/event-stream")
+            choices = [Choice(index) for index in range(len(subs))]
+            clock = _TokenClock(self.metrics, arrived)
+            async for index, chunk in merged:
+                clock.tick(index, len(chunk["token_ids"]))
+                choice = choices[index]
+                choice.text += chunk["text"]
+                choice.token_ids += chunk["token_ids"]
+                choice.logprobs += chunk.get("logprobs") or []
+                choice.finish_reason = chunk["finish_reason"] or choice.finish_reason
+            for choice in choices:
+                choice.text = self.plugins.on_output(context, choice.text)
+            status = 200
+            clock.done()
+            return JSONResponse(shape.whole(choices, sum(prompt_lens)))
+        except APIError as exc:
+            status = exc.status
+            raise
+        finally:
+            if not streaming:
+                self.admission.leave()
+                self.metrics.request_done(status)
+
+    def _prepare(self, body: CompletionRequest | ChatCompletionRequest) -> tuple[ResponseShape, list[int], list[SubRequest], PluginContext]:
+        if isinstance(body, ChatCompletionRequest):
+            context = PluginContext("chat", body.model, messages=[{"role": m.role, "content": m.text()} for m in body.messages])
+            self.plugins.on_request(context)
+            context.prompt_token_ids = [self.encoder.chat(context.messages or [])]
+            requested = body.max_completion_tokens or body.max_tokens or self.default_max_tokens
+            logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        else:
+            if body.echo:
+                raise APIError(400, "echo is not supported", param="echo")
+            prompts = [body.prompt] if isinstance(body.prompt, str) or _is_token_list(body.prompt) else list(body.prompt)
+            if not prompts:
+                raise APIError(400, "the prompt list is empty", param="prompt")
+            context = PluginContext("completion", body.model, prompts=prompts)  # type: ignore[arg-type]
+            self.plugins.on_request(context)
+            context.prompt_token_ids = [self.encoder.completion(p) for p in context.prompts or []]
+            requested, logprobs = body.max_tokens, body.logprobs
+        self.plugins.on_tokens(context)
+        prompt_ids = [self.encoder.check(ids) for ids in context.prompt_token_ids]
+        max_model_len = min([self.encoder.limits.max_model_len]
+                            + [n.max_model_len for n in self.cluster.views() if n.max_model_len])
+        subs = []
+        for prompt_index, ids in enumerate(prompt_ids):
+            spec = sampling_spec(body, self.encoder.max_tokens(len(ids), requested, max_model_len), logprobs)
+            for j in range(body.n):
+                # A seeded request's choices differ from each other and repeat from run to run, as the
+                # engine seeds its own n > 1 sequences (seed + index); unseeded choices must differ too.
+                seed = spec.seed + j if spec.seed is not None else (random.getrandbits(62) if body.n > 1 else None)
+                subs.append(SubRequest(prompt_index * body.n + j, ids, spec.model_copy(update={"seed": seed})))
+        kind = "chat" if isinstance(body, ChatCompletionRequest) else "completion"
+        shape = ResponseShape(kind, f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
+                              self.model, logprobs, self.encoder.token_text)
+        return shape, [len(ids) for ids in prompt_ids], subs, context
+
+    async def _stream(self, sub: SubRequest) -> AsyncIterator[dict]:
+        """Schedule one choice and open its node stream (the nodes are called when it is first read)."""
+        nodes = self.cluster.views()
+        block_size = next((node.block_size for node in nodes if node.block_size), DEFAULT_BLOCK_SIZE)
+        hashes = hash_prompt_blocks(sub.prompt_ids, block_size, model_salt=self.model)
+        cached = await asyncio.to_thread(self.index.cached_prefix_blocks, hashes) if self.index and hashes else {}
+        request = SchedulingRequest(self.model, len(sub.prompt_ids), len(hashes), cached)
+        try:
+            decision = self.scheduler.schedule(request, nodes)
+        except NoNodeAvailable as exc:
+            raise overloaded(503, str(exc)) from None
+        policy = self.scheduler.policy.name
+        self.metrics.routed(policy, "decode", decision.decode.name)
+        if decision.prefill is not None:
+            self.metrics.routed(policy, "prefill", decision.prefill.name)
+        self.metrics.prefix(len(sub.prompt_ids), min(decision.cached_blocks * block_size, len(sub.prompt_ids)))
+        request_id = f"{uuid.uuid4().hex}-{sub.choice}"
+        return self.flow.stream(request_id, sub.prompt_ids, sub.spec, decision)
+
+    @staticmethod
+    async def _first(merged: AsyncIterator[tuple[int, dict]]) -> tuple[int, dict] | None:
+        """The first chunk, read before the response starts, so that refusals still get their status."""
+        try:
+            return await anext(merged)
+        except StopAsyncIteration:
+            return None
+
+    async def _sse(self, shape: ResponseShape, merged: AsyncIterator[tuple[int, dict]], first: tuple[int, dict] | None,
+                   num_choices: int, prompt_tokens: int, include_usage: bool, context: PluginContext,
+                   arrived: float) -> AsyncIterator[bytes]:
+        status, completion_tokens = 200, 0
+        offsets = [0] * num_choices
+        clock = _TokenClock(self.metrics, arrived)
+        try:
+            if shape.kind == "chat":
+                for index in range(num_choices):
+                    yield sse(shape.chunk([shape.role_delta(index)], include_usage))
+            pending = [first] if first is not None else []
+            async for index, chunk in _chain(pending, merged):
+                clock.tick(index, len(chunk["token_ids"]))
+                completion_tokens += len(chunk["token_ids"])
+                text = self.plugins.on_output(context, chunk["text"])
+                finish = chunk["finish_reason"]
+                if shape.kind == "chat" and finish is not None and text:  # OpenAI ends a choice with an empty delta
+                    yield sse(shape.chunk([shape.delta(index, text, chunk["token_ids"], chunk.get("logprobs"), None,
+                                                       offsets[index])], include_usage))
+                    yield sse(shape.chunk([shape.delta(index, "", [], None if shape.logprobs is None else [], finish,
+                                                       0)], include_usage))
+                else:
+                    yield sse(shape.chunk([shape.delta(index, text, chunk["token_ids"], chunk.get("logprobs"), finish,
+                                                       offsets[index])], include_usage))
+                offsets[index] += len(text)
+            if include_usage:
+                yield sse(shape.usage_chunk(prompt_tokens, completion_tokens))
+            clock.done()
+        except APIError as exc:  # the stream is open: report in-band, as OpenAI does
+            status = exc.status
+            yield sse(exc.body())
+        finally:
+            self.admission.leave()
+            self.metrics.request_done(status if status != 200 or clock.finished else 499)
+        yield sse("[DONE]")
+
+
+async def _chain(first: list[tuple[int, dict]], rest: AsyncIterator[tuple[int, dict]]) -> AsyncIterator[tuple[int, dict]]:
+    for item in first:
+        yield item
+    try:
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
+
+
+def _is_token_list(prompt: object) -> bool:
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(token, int) for token in prompt)
+
+
+class _TokenClock:
+    """TTFT, inter-token and end-to-end latency of one request, into the histograms."""
+
+    def __init__(self, metrics: RouterMetrics, arrived: float) -> None:
+        self.metrics, self.arrived = metrics, arrived
+        self.last: dict[int, float] = {}
+        self.finished = False
+
+    def tick(self, choice: int, tokens: int) -> None:
+        if not tokens:
+            return
+        now = time.perf_counter()
+        if not self.last:
+            self.metrics.ttft.observe(now - self.arrived)
+        elif choice in self.last:
+            gap = (now - self.last[choice]) / tokens
+            for _ in range(tokens):
+                self.metrics.itl.observe(gap)
+        self.last[choice] = now
+
+    def done(self) -> None:
+        self.finished = True
+        self.metrics.e2e.observe(time.perf_counter() - self.arrived)
