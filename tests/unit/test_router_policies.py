@@ -1,0 +1,114 @@
+"""The scheduler's picks for constructed cluster states: exact nodes, no processes."""
+
+from __future__ import annotations
+
+import pytest
+from kvferry.router.nodes import NodeView
+from kvferry.router.scheduling import POLICIES, Policy, Scheduler, SchedulingRequest
+from kvferry.router.scheduling.scorers import kv_pressure, prefix_hit, queue_depth, transfer_cost
+
+
+def prefill(name: str, **fields) -> NodeView:
+    return NodeView(name=name, url=f"http://{fields.pop('host', '10.0.0.1')}:{8000 + len(name)}/{name}", role="prefill", **fields)
+
+
+def decode(name: str, **fields) -> NodeView:
+    return NodeView(name=name, url=f"http://{fields.pop('host', '10.0.0.1')}:9000/{name}", role="decode", **fields)
+
+
+def request(num_blocks: int = 4, cached: dict[str, int] | None = None, model: str = "m") -> SchedulingRequest:
+    return SchedulingRequest(model=model, num_prompt_tokens=num_blocks * 16 + 3, num_blocks=num_blocks, cached_blocks=cached or {})
+
+
+def picks(policy: str, nodes: list[NodeView], requests: list[SchedulingRequest]) -> list[tuple[str | None, str]]:
+    scheduler = Scheduler(POLICIES[policy])
+    decisions = [scheduler.schedule(r, nodes) for r in requests]
+    return [(d.prefill.name if d.prefill else None, d.decode.name) for d in decisions]
+
+
+def test_round_robin_alternates_prefill_and_decode_nodes_in_name_order():
+    nodes = [prefill("p1"), prefill("p0"), decode("d0"), decode("d1"), decode("d2")]
+    cached = {"p1": 4}  # round robin ignores the index
+    assert picks("round_robin", nodes, [request(cached=cached)] * 4) == [
+        ("p0", "d0"), ("p1", "d1"), ("p0", "d2"), ("p1", "d0"),
+    ]
+
+
+def test_prefix_policy_sends_a_prompt_to_the_node_holding_its_longest_prefix():
+    nodes = [prefill("p0"), prefill("p1"), prefill("p2"), decode("d0")]
+    assert picks("prefix", nodes, [request(cached={"p0": 1, "p2": 3})]) == [("p2", "d0")]
+    # ... however loaded it is, and prompts cached nowhere take turns (one turn counter per role).
+    loaded = [prefill("p0"), prefill("p1", inflight=9), decode("d0")]
+    assert picks("prefix", loaded, [request(cached={"p1": 4}), request(), request()]) == [
+        ("p1", "d0"), ("p1", "d0"), ("p0", "d0"),
+    ]
+
+
+def test_least_load_counts_the_routers_inflight_and_the_reported_waiting():
+    nodes = [prefill("p0", inflight=2), prefill("p1", inflight=1, waiting=3), prefill("p2", waiting=1),
+             decode("d0", inflight=4), decode("d1", inflight=1)]
+    assert picks("least_load", nodes, [request(cached={"p0": 4})]) == [("p2", "d1")]
+
+
+def test_default_policy_prefers_the_cache_hit_over_a_lighter_node():
+    nodes = [prefill("p0", inflight=3), prefill("p1"), decode("d0")]
+    assert picks("default", nodes, [request(cached={"p0": 4})]) == [("p0", "d0")]
+    # With no hit anywhere, load decides.
+    assert picks("default", nodes, [request()]) == [("p1", "d0")]
+    # A half hit is worth as much as the lighter queue: KV pressure breaks the tie.
+    full = [prefill("p0", inflight=3, free_blocks=10, total_blocks=100), prefill("p1", free_blocks=90, total_blocks=100), decode("d0")]
+    assert picks("default", full, [request(cached={"p0": 2})]) == [("p1", "d0")]
+
+
+def test_decode_nodes_are_chosen_by_free_kv_and_load():
+    nodes = [prefill("p0"), decode("d0", free_blocks=10, total_blocks=100), decode("d1", free_blocks=80, total_blocks=100),
+             decode("d2", free_blocks=90, total_blocks=100, inflight=5)]
+    assert picks("default", nodes, [request()]) == [("p0", "d1")]
+    # Unknown load (no heartbeat yet) is neutral: better than a full pool, worse than an empty one.
+    unknown = [prefill("p0"), decode("d0", free_blocks=5, total_blocks=100), decode("d1"), decode("d2", free_blocks=100, total_blocks=100)]
+    assert picks("default", unknown, [request()]) == [("p0", "d2")]
+
+
+def test_filters_drop_unhealthy_nodes_and_other_models():
+    nodes = [prefill("p0", healthy=False), prefill("p1", model="other"), prefill("p2", model="m"),
+             decode("d0", model="other"), decode("d1")]
+    assert picks("round_robin", nodes, [request(cached={"p0": 4, "p1": 4})] * 2) == [("p2", "d1"), ("p2", "d1")]
+
+
+def test_colocated_cluster_picks_decode_nodes_with_the_prefill_weights():
+    nodes = [decode("d0"), decode("d1"), decode("d2")]
+    scheduler = Scheduler(POLICIES["prefix"])
+    decision = scheduler.schedule(request(cached={"d2": 4}), nodes)
+    assert (decision.prefill, decision.decode.name, decision.colocated, decision.cached_blocks) == (None, "d2", True, 4)
+
+
+def test_no_healthy_prefill_node_falls_back_to_the_decode_node_and_no_decode_node_raises():
+    from kvferry.router.scheduling import NoNodeAvailable
+
+    decision = Scheduler(POLICIES["default"]).schedule(request(), [prefill("p0", healthy=False), decode("d0")])
+    assert (decision.prefill, decision.decode.name, decision.colocated) == (None, "d0", False)
+    with pytest.raises(NoNodeAvailable, match="decode"):
+        Scheduler(POLICIES["default"]).schedule(request(), [prefill("p0"), decode("d0", healthy=False)])
+
+
+def test_transfer_cost_prefers_a_prefill_node_on_the_decode_nodes_host():
+    nodes = [prefill("p0", host="10.0.0.2"), prefill("p1", host="10.0.0.3"), decode("d0", host="10.0.0.3")]
+    policy = Policy("local", prefill={"transfer_cost": 1.0}, decode={})
+    assert Scheduler(policy).schedule(request(), nodes).prefill.name == "p1"
+
+
+def test_scorers_stay_within_zero_and_one():
+    nodes = [prefill("p0", inflight=7, free_blocks=0, total_blocks=8), prefill("p1", waiting=2), prefill("p2", free_blocks=8, total_blocks=8)]
+    req = request(num_blocks=2, cached={"p0": 5, "p1": 1})
+    assert prefix_hit(req, nodes) == [1.0, 0.5, 0.0]
+    assert queue_depth(req, nodes) == [0.0, 5 / 7, 1.0]
+    assert kv_pressure(req, nodes) == [0.0, 0.5, 1.0]
+    assert transfer_cost(req, nodes) == [1.0, 0.5, 0.0]  # no decode node chosen yet: the share already held
+    assert prefix_hit(request(num_blocks=0, cached={"p0": 1}), nodes) == [0.0, 0.0, 0.0]
+
+
+def test_policies_refuse_unknown_scorers_and_negative_weights():
+    with pytest.raises(ValueError, match="unknown scorers"):
+        Policy("bad", prefill={"nope": 1.0})
+    with pytest.raises(ValueError, match=">= 0"):
+        Policy("bad", decode={"queue_depth": -1.0})
