@@ -12,7 +12,7 @@ TokenText = Callable[[int], str]
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
-    payload = data if isinstance(data, str) else json.dumps(data, separators=(",", ":"))
+    payload = data if isinstance(data, str) else json.dumps(data)
     return f"data: {payload}\n\n".encode()
 
 

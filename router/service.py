@@ -28,6 +28,8 @@ from kvferry.router.streams import merge_streams
 from kvferry.internal_api import SamplingSpec
 
 DEFAULT_BLOCK_SIZE = 16  # the nodes' default; their records say when they use another
+GREEDY_BELOW_TEMPERATURE = 1e-5
+MAX_CHOICES = 64  # prompts x n in one request: each is its own node request
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,10 @@ def sampling_spec(body: SamplingFields, max_tokens: int, logprobs: int | None) -
     def given(value: float | int | None, default: float | int) -> float | int:
         return default if value is None else value
 
+    temperature = given(body.temperature, 1.0)
     spec = SamplingSpec(
-        n=1, temperature=given(body.temperature, 1.0), top_p=given(body.top_p, 1.0), top_k=given(body.top_k, 0),
+        # As vLLM does: a temperature this close to 0 is greedy (dividing logits by it overflows).
+        n=1, temperature=0.0 if temperature < GREEDY_BELOW_TEMPERATURE else temperature, top_p=given(body.top_p, 1.0), top_k=given(body.top_k, 0),
         min_p=given(body.min_p, 0.0), seed=body.seed, presence_penalty=given(body.presence_penalty, 0.0),
         frequency_penalty=given(body.frequency_penalty, 0.0), repetition_penalty=given(body.repetition_penalty, 1.0),
         stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
@@ -124,6 +128,8 @@ class CompletionService:
         prompt_ids = [self.encoder.check(ids) for ids in context.prompt_token_ids]
         max_model_len = min([self.encoder.limits.max_model_len]
                             + [n.max_model_len for n in self.cluster.views() if n.max_model_len])
+        if len(prompt_ids) * body.n > MAX_CHOICES:
+            raise APIError(400, f"{len(prompt_ids)} prompts x n={body.n} is more than {MAX_CHOICES} choices", param="n")
         subs = []
         for prompt_index, ids in enumerate(prompt_ids):
             spec = sampling_spec(body, self.encoder.max_tokens(len(ids), requested, max_model_len), logprobs)
