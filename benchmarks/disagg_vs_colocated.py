@@ -1,0 +1,152 @@
+"""DistServe's toy on this machine: disaggregated prefill/decode against colocated engines, same cores.
+
+    disaggregated: 1 prefill node on core 0 + 1 decode node on core 1, behind the router
+    colocated:     2 decode nodes (no prefill node: the router's colocated mode), on cores 0 and 1
+Every node runs one torch thread. The workload is prefill-heavy (long prompts, short answers). In a
+colocated engine each new prompt's prefill runs in the same steps as the running requests' decodes, so
+their time per output token jumps; a disaggregated decode node never prefills. The SLOs come from
+measurement: each setup serves a few requests one at a time first, and the TPOT SLO is a small multiple of
+the slower setup's unloaded TPOT (the TTFT SLO a larger multiple of its unloaded TTFT). The offered rates
+are fractions of one core's prefill capacity (1 / unloaded TTFT). Both clusters stay up for the whole run
+and take turns at each rate, so drift in the machine's other load hits both alike.
+
+    .venv/bin/python benchmarks/disagg_vs_colocated.py           # -> benchmarks/results/disagg_vs_colocated.json
+    .venv/bin/python benchmarks/disagg_vs_colocated.py --quick   # tiny model, a few requests: a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+from contextlib import ExitStack
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cached_model, environment, print_table, write_results  # noqa: E402
+from kvferry.engine.tokenizer import ModelTokenizer  # noqa: E402
+from serving_cluster import NodeSpec, ServingCluster  # noqa: E402
+
+from kvferry.loadgen.client import Endpoint  # noqa: E402
+from kvferry.loadgen.datasets import BenchRequest, RandomSpec, TokenWords, random_requests  # noqa: E402
+from kvferry.loadgen.metrics import Slo, summarize  # noqa: E402
+from kvferry.loadgen.runner import LoadShape, RunResult, run_load  # noqa: E402
+
+PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "disagg_vs_colocated.png"
+SETUPS = {
+    "disaggregated": [NodeSpec("prefill", "prefill-0", core=0), NodeSpec("decode", "decode-0", core=1)],
+    "colocated": [NodeSpec("decode", "decode-0", core=0), NodeSpec("decode", "decode-1", core=1)],
+}
+WARMUP_REQUESTS = 2  # one per node of the colocated setup
+UNLOADED_REQUESTS = 3
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="small", help="make-model size of the llama checkpoint")
+    parser.add_argument("--input-len", type=int, default=512)
+    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--num-prompts", type=int, default=20, help="requests per run")
+    parser.add_argument("--load-factors", default="0.5,0.8", help="offered rates, as fractions of 1 / unloaded TTFT")
+    parser.add_argument("--tpot-slo-factor", type=float, default=1.5, help="TPOT SLO = this x the unloaded TPOT")
+    parser.add_argument("--ttft-slo-factor", type=float, default=4.0, help="TTFT SLO = this x the unloaded TTFT")
+    parser.add_argument("--time-limit", type=float, default=600.0, help="seconds per run")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="tiny model, 6 requests, one rate")
+    return parser.parse_args()
+
+
+def offer(endpoint: Endpoint, requests: list[BenchRequest], shape: LoadShape) -> RunResult:
+    result = asyncio.run(run_load(endpoint, requests, shape))
+    failed = [r.error for r in result.records if r.error is not None]
+    if len(failed) == len(result.records):
+        raise RuntimeError(f"every request failed at {shape.label}: {failed[:3]}")
+    return result
+
+
+def unloaded(endpoint: Endpoint, words: TokenWords, args: argparse.Namespace) -> dict[str, float]:
+    """TTFT and TPOT medians of requests served one at a time, after a warm-up request per node."""
+    spec = RandomSpec(WARMUP_REQUESTS + UNLOADED_REQUESTS, args.input_len, args.output_len)
+    requests = random_requests(words, spec, seed=args.seed + 1)  # not the measured prompts: no cache hits later
+    offer(endpoint, requests[:WARMUP_REQUESTS], LoadShape(concurrency=1, time_limit_s=args.time_limit))
+    result = offer(endpoint, requests[WARMUP_REQUESTS:], LoadShape(concurrency=1, time_limit_s=args.time_limit))
+    summary = summarize(result.records, result.duration_s, Slo())
+    return {"ttft_s": summary["ttft_s"]["p50"], "tpot_s": summary["tpot_s"]["p50"]}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def row(setup: str, rate: float, result: RunResult, slo: Slo, load_before: float) -> dict[str, object]:
+    summary = summarize(result.records, result.duration_s, slo)
+    latency = {f"{name}_{p}_s": _rounded(summary[f"{name}_s"][p]) for name in ("ttft", "tpot") for p in ("p50", "p90", "p99")}
+    return {
+        "setup": setup, "rate_rps": round(rate, 3), "goodput_rps": _rounded(summary["goodput_rps"]),
+        "slo_attainment": round(summary["slo_attainment"], 3), **latency, "output_tok_s": _rounded(summary["output_tok_s"]),
+        "completed": summary["completed"], "failed": summary["failed"],
+        "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # before and after the run
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    if args.quick:
+        args.size, args.input_len, args.output_len, args.num_prompts, args.load_factors = "tiny", 64, 8, 6, "0.5"
+    model = cached_model("llama", args.size)
+    words = TokenWords(ModelTokenizer(model))
+    requests = random_requests(words, RandomSpec(args.num_prompts, args.input_len, args.output_len), seed=args.seed)
+    load_at_start = os.getloadavg()
+    with ExitStack() as stack:
+        endpoints = {}
+        for setup, nodes in SETUPS.items():
+            print(f"starting the {setup} cluster: {', '.join(f'{n.name} on core {n.core}' for n in nodes)}", flush=True)
+            cluster = stack.enter_context(ServingCluster(model, nodes))
+            endpoints[setup] = Endpoint(cluster.router_url, model.name)
+        base = {setup: unloaded(endpoint, words, args) for setup, endpoint in endpoints.items()}
+        print(f"unloaded, one request at a time: {base}", flush=True)
+        slo = Slo(ttft_s=args.ttft_slo_factor * max(b["ttft_s"] for b in base.values()),
+                  tpot_s=args.tpot_slo_factor * max(b["tpot_s"] for b in base.values()))
+        capacity = 1.0 / max(b["ttft_s"] for b in base.values())
+        rates = [float(f) * capacity for f in args.load_factors.split(",")]
+        print(f"SLO: TTFT {slo.ttft_s:.3f} s, TPOT {slo.tpot_s:.4f} s; rates {[round(r, 3) for r in rates]} requests/s", flush=True)
+        rows, results, labels, series = [], [], [], []
+        for index, rate in enumerate(rates):
+            order = list(endpoints) if index % 2 == 0 else list(reversed(endpoints))  # take turns going first
+            for setup in order:
+                load_before = os.getloadavg()[0]
+                result = offer(endpoints[setup], requests, LoadShape(rate, None, args.time_limit, args.seed))
+                rows.append(row(setup, rate, result, slo, load_before))
+                results.append(result)
+                labels.append(f"{setup} @ {rate:.2f}/s")
+                series.append(setup)
+                print(f"  {setup} at {rate:.3f}/s: goodput {rows[-1]['goodput_rps']:.3f}/s", flush=True)
+    ratios = {}
+    for rate in {r["rate_rps"] for r in rows}:
+        goodput = {r["setup"]: r["goodput_rps"] for r in rows if r["rate_rps"] == rate}
+        ratios[str(rate)] = round(goodput["disaggregated"] / goodput["colocated"], 3) if goodput["colocated"] else None
+    print_table(rows, ["setup", "rate_rps", "goodput_rps", "slo_attainment", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
+                       "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "load_avg_1m"])
+    print(f"goodput ratio disaggregated / colocated by rate: {ratios}")
+    payload = {
+        "workload": {"model": f"llama {args.size}", "input_len": args.input_len, "output_len": args.output_len,
+                     "num_prompts": args.num_prompts, "arrivals": "poisson"},
+        "unloaded": base, "slo": {"ttft_s": slo.ttft_s, "tpot_s": slo.tpot_s},
+        "slo_factors": {"ttft": args.ttft_slo_factor, "tpot": args.tpot_slo_factor},
+        "goodput_ratio_by_rate": ratios, "rows": rows,
+        "load_avg": {"start": list(load_at_start), "end": list(os.getloadavg())}, "cpu_cores": os.cpu_count(),
+        "environment": environment(),
+    }
+    if not args.quick:
+        print(f"wrote {write_results('disagg_vs_colocated', payload)}")
+    from kvferry.loadgen.plot import plot_runs
+
+    plot = PLOT if not args.quick else Path(tempfile.gettempdir()) / "disagg_vs_colocated_quick.png"
+    plot_runs(plot, results, labels, slo, series)
+    print(f"wrote {plot}")
+
+
+if __name__ == "__main__":
+    main()
