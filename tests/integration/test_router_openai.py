@@ -1,0 +1,286 @@
+"""The router in front of real node processes (tiny model, UCX, redis-server), driven by the official
+`openai` client: completions and chat, streaming or not, n, stop, usage, errors; the P/D fallbacks,
+colocated mode, prefix-aware routing over the Redis index, aborts, plugins, auth and metrics; and
+schemathesis against the router's own OpenAPI document."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from tests.support.redis_server import free_port
+
+pytestmark = pytest.mark.slow
+STARTUP_SECONDS = 180
+API_KEY = "sk-router-test"
+
+
+class Processes:
+    """Child processes of one test module, each in its own session, with logs shown on failure."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.started: list[tuple[str, subprocess.Popen]] = []
+
+    def spawn(self, name: str, *args: str) -> None:
+        log = open(self.folder / f"{name}.log", "w")  # noqa: SIM115 - open while the child runs
+        process = subprocess.Popen([sys.executable, "-m", "kvferry", *args], stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+        self.started.append((name, process))
+
+    def wait_healthy(self, urls: dict[str, str], path: str = "/health") -> None:
+        deadline = time.monotonic() + STARTUP_SECONDS
+        pending = dict(urls)
+        while pending and time.monotonic() < deadline:
+            for name, process in self.started:
+                assert process.poll() is None, f"{name} exited: {self.log(name)}"
+            for name, url in list(pending.items()):
+                try:
+                    if httpx.get(url + path, timeout=1).status_code == 200:
+                        del pending[name]
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.3)
+        assert not pending, f"not healthy: {pending}"
+
+    def log(self, name: str) -> str:
+        return (self.folder / f"{name}.log").read_text()[-3000:]
+
+    def stop(self) -> None:
+        for _, process in reversed(self.started):
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+        for _, process in self.started:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_models, redis_url, tmp_path_factory) -> Iterator[dict[str, str]]:
+    """Two prefill nodes and one decode node, and routers in front of them in several set-ups."""
+    folder = tmp_path_factory.mktemp("router-cluster")
+    model = str(tiny_models["llama"])
+    processes = Processes(folder)
+    urls: dict[str, str] = {}
+    suffix = os.urandom(3).hex()  # node names are unique in the session's shared Redis
+    for name, role in (("prefill-0", "prefill"), ("prefill-1", "prefill"), ("decode-0", "decode")):
+        port = free_port()
+        urls[name] = f"http://127.0.0.1:{port}"
+        processes.spawn(name, role, "--model", model, "--name", f"rt-{name}-{suffix}", "--registry", redis_url,
+                        "--port", str(port))
+    plugins = folder / "plugins.yaml"
+    plugins.write_text(json.dumps({"plugins": [
+        {"name": "system_prompt", "options": {"prompt": "You are terse."}},
+        {"name": "prompt_guard", "options": {"deny": ["forbidden"]}},
+    ]}))
+    dead_port = free_port()
+    nodes = ["--decode", urls["decode-0"]]
+    routers = {
+        "router": ["--prefill", urls["prefill-0"], "--prefill", urls["prefill-1"], *nodes, "--redis-url", redis_url],
+        "colocated": [*nodes, "--redis-url", redis_url, "--policy", "least_load"],
+        "dead_prefill": ["--prefill", f"http://127.0.0.1:{dead_port}", *nodes],
+        "guarded": [*nodes, "--api-key", API_KEY, "--max-inflight", "1", "--config", str(plugins)],
+        "schema": [*nodes, "--max-model-len", "48", "--redis-url", redis_url],
+    }
+    for name, args in routers.items():
+        urls[name] = f"http://127.0.0.1:{free_port()}"
+        processes.spawn(name, "router", "--model", model, "--port", urls[name].rsplit(":", 1)[1], *args)
+    try:
+        processes.wait_healthy(urls)
+        processes.wait_healthy({name: urls[name] for name in routers}, "/ready")
+        yield urls
+    finally:
+        processes.stop()
+
+
+def client(url: str, key: str = "none") -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=60)
+
+
+GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+
+
+def test_completions_and_chat_with_usage(cluster):
+    api = client(cluster["router"])
+    completion = api.completions.create(model="llama", prompt="The cat sat on", max_tokens=6, **GREEDY)
+    assert completion.object == "text_completion" and completion.choices[0].finish_reason == "length"
+    assert completion.usage.completion_tokens == 6 and completion.usage.total_tokens == completion.usage.prompt_tokens + 6
+    chat = api.chat.completions.create(model="llama", messages=[{"role": "user", "content": "Hi there"}],
+                                       max_completion_tokens=5, **GREEDY)
+    assert chat.choices[0].message.role == "assistant" and isinstance(chat.choices[0].message.content, str)
+    assert chat.usage.completion_tokens == 5 and chat.usage.prompt_tokens > 2  # the template adds its markers
+    assert [m.id for m in api.models.list().data] == ["llama"]
+
+
+def test_streams_match_the_whole_responses(cluster):
+    api = client(cluster["router"])
+    whole = api.completions.create(model="llama", prompt="Once upon a time", max_tokens=8, **GREEDY)
+    chunks = list(api.completions.create(model="llama", prompt="Once upon a time", max_tokens=8, stream=True,
+                                         stream_options={"include_usage": True}, **GREEDY))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+    messages = [{"role": "user", "content": "Tell me a story"}]
+    whole_chat = api.chat.completions.create(model="llama", messages=messages, max_tokens=7, **GREEDY)
+    stream = list(api.chat.completions.create(model="llama", messages=messages, max_tokens=7, stream=True, **GREEDY))
+    assert stream[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == whole_chat.choices[0].message.content
+    assert stream[-1].choices[0].finish_reason == "length" and all(c.usage is None for c in stream)
+
+
+def test_n_choices_seeded_and_stop_strings(cluster):
+    api = client(cluster["router"])
+    many = api.completions.create(model="llama", prompt="Colors:", max_tokens=5, n=3, seed=11, extra_body={"ignore_eos": True})
+    again = api.completions.create(model="llama", prompt="Colors:", max_tokens=5, n=3, seed=11, extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in many.choices) == [0, 1, 2] and many.usage.completion_tokens == 15
+    assert [c.text for c in many.choices] == [c.text for c in again.choices]  # seeded: repeatable
+    assert len({c.text for c in many.choices}) > 1  # ... and the choices differ from each other
+
+    full = api.completions.create(model="llama", prompt="Numbers:", max_tokens=12, **GREEDY).choices[0].text
+    stop = full[len(full) // 2:][:3]
+    assert stop.strip(), full
+    stopped = api.completions.create(model="llama", prompt="Numbers:", max_tokens=12, stop=[stop], **GREEDY).choices[0]
+    assert stopped.finish_reason == "stop" and stopped.text == full[: full.index(stop)]
+
+
+def test_logprobs_name_the_sampled_token_and_the_top_alternatives(cluster):
+    api = client(cluster["router"])
+    result = api.completions.create(model="llama", prompt="Hello", max_tokens=3, logprobs=2, **GREEDY).choices[0]
+    assert len(result.logprobs.tokens) == 3 and "".join(result.logprobs.tokens) == result.text
+    for sampled, top in zip(result.logprobs.token_logprobs, result.logprobs.top_logprobs, strict=True):
+        assert len(top) == 2 and max(top.values()) == pytest.approx(sampled)  # greedy: the best is the one sampled
+    chat = api.chat.completions.create(model="llama", messages=[{"role": "user", "content": "Hi"}], max_tokens=2,
+                                       logprobs=True, top_logprobs=3, **GREEDY).choices[0]
+    assert [len(item.top_logprobs) for item in chat.logprobs.content] == [3, 3]
+
+
+def test_bad_requests_raise_the_clients_error_classes(cluster):
+    api = client(cluster["router"])
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        api.completions.create(model="llama", prompt="x", max_tokens=100_000)
+    with pytest.raises(openai.BadRequestError, match="temperature"):
+        api.completions.create(model="llama", prompt="x", temperature=7)
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        api.chat.completions.create(model="llama", messages=[])
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        api.completions.create(model="gpt-4", prompt="x")
+    too_big = httpx.post(f"{cluster['router']}/v1/completions", content=b"x" * (2 << 20),
+                         headers={"content-type": "application/json"})
+    assert too_big.status_code == 413 and too_big.json()["error"]["type"] == "invalid_request_error"
+
+
+def _stats(url: str) -> dict:
+    return httpx.get(f"{url}/stats", headers={"Authorization": f"Bearer {API_KEY}"}).json()
+
+
+def test_disaggregated_colocated_and_fallback_paths_give_the_same_greedy_tokens(cluster):
+    body = {"model": "llama", "prompt": list(range(40, 90)), "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    tokens = {name: httpx.post(f"{cluster[name]}/v1/completions", json=body, timeout=60).json()["choices"][0]["token_ids"]
+              for name in ("router", "colocated", "dead_prefill")}
+    assert tokens["router"] == tokens["colocated"] == tokens["dead_prefill"] and len(tokens["router"]) == 8
+    assert _stats(cluster["router"])["local_prefill_fallbacks"] == 0
+    assert _stats(cluster["dead_prefill"])["local_prefill_fallbacks"] >= 1
+    metrics = httpx.get(f"{cluster['dead_prefill']}/metrics").text
+    assert 'kvferry:local_prefill_fallbacks_total{reason="prefill_unreachable"}' in metrics
+
+
+def _decisions(url: str, role: str) -> dict[str, float]:
+    found = {}
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith("kvferry:routing_decisions_total{") and f'role="{role}"' in line:
+            node = line.split('node="', 1)[1].split('"', 1)[0]
+            found[node] = float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def test_a_repeated_prefix_goes_to_the_prefill_node_that_cached_it(cluster):
+    router = cluster["router"]
+    shared = list(range(200, 264))  # four full blocks
+    body = {"model": "llama", "max_tokens": 2, "temperature": 0, "ignore_eos": True}
+    httpx.post(f"{router}/v1/completions", json={**body, "prompt": shared + [7]}, timeout=60).raise_for_status()
+    before, hits_before = _decisions(router, "prefill"), _stats(router)["prefix_hit_tokens"]
+    time.sleep(1.0)  # the node's KV events reach Redis in the background
+    for tail in range(5):
+        httpx.post(f"{router}/v1/completions", json={**body, "prompt": shared + [tail]}, timeout=60).raise_for_status()
+    after = _decisions(router, "prefill")
+    grown = {node: after[node] - before.get(node, 0) for node in after if after[node] != before.get(node, 0)}
+    assert list(grown.values()) == [5], grown  # all five to one node
+    assert _stats(router)["prefix_hit_tokens"] - hits_before == 5 * 64
+
+
+def test_a_client_that_leaves_mid_stream_frees_the_decode_node(cluster):
+    body = {"model": "llama", "prompt": "Go on forever", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{cluster['router']}/v1/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{cluster['decode-0']}/stats").json()["running"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    stats = httpx.get(f"{cluster['decode-0']}/stats").json()
+    assert stats["running"] == 0 and stats["blocks"]["in_use"] == 0, stats
+
+
+def test_api_keys_plugins_and_the_admission_limit(cluster):
+    guarded = cluster["guarded"]
+    with pytest.raises(openai.AuthenticationError):
+        client(guarded, "sk-wrong").models.list()
+    assert httpx.get(f"{guarded}/health").status_code == 200 and httpx.get(f"{guarded}/ready").status_code == 200
+    api = client(guarded, API_KEY)
+    with pytest.raises(openai.BadRequestError, match="prompt_guard"):
+        api.chat.completions.create(model="llama", messages=[{"role": "user", "content": "a Forbidden topic"}])
+    messages = [{"role": "user", "content": "Hi"}]
+    plain = client(cluster["colocated"]).chat.completions.create(model="llama", messages=messages, max_tokens=1)
+    injected = api.chat.completions.create(model="llama", messages=messages, max_tokens=1)
+    assert injected.usage.prompt_tokens > plain.usage.prompt_tokens  # the system prompt went in front
+    # One request in flight is the limit: a second one meanwhile gets 429 with Retry-After.
+    body = {"model": "llama", "prompt": "Go on", "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{guarded}/v1/completions", json=body, headers={"Authorization": f"Bearer {API_KEY}"}) as held:
+        next(held.iter_lines())
+        with pytest.raises(openai.RateLimitError) as refused:
+            api.completions.create(model="llama", prompt="x", max_tokens=1)
+    assert refused.value.response.headers["retry-after"] == "1"
+
+
+def test_metrics_histograms_count_requests(cluster):
+    text = httpx.get(f"{cluster['router']}/metrics").text
+    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds"):
+        count = next(line for line in text.splitlines() if line.startswith(f"kvferry:{name}_count"))
+        assert float(count.rsplit(" ", 1)[1]) > 0, name
+    assert 'kvferry:router_requests_total{status="200"}' in text and 'status="400"' in text
+
+
+@pytest.fixture(scope="module")
+def router_schema(cluster):
+    return schemathesis.openapi.from_url(f"{cluster['schema']}/openapi.json")
+
+
+schema = schemathesis.pytest.from_fixture("router_schema")
+
+
+@schema.parametrize()
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+def test_openapi_schema_holds_for_generated_requests(case):
+    case.call_and_validate(checks=[not_a_server_error, status_code_conformance, content_type_conformance,
+                                   response_schema_conformance], timeout=60)
