@@ -1,5 +1,5 @@
 """A local serving cluster for the serving benchmarks: node processes pinned to one core each with one torch
-thread, and a router, started and stopped by kvferry.local_cluster.LocalCluster."""
+thread, and one or more routers over them, started and stopped by kvferry.local_cluster.LocalCluster."""
 
 from __future__ import annotations
 
@@ -11,12 +11,23 @@ from pathlib import Path
 from kvferry.local_cluster import LocalCluster
 from kvferry.redis_server import free_port
 
+PYTHON = [sys.executable, "-m", "kvferry"]
+
 
 @dataclass(frozen=True)
 class NodeSpec:
     role: str  # "prefill" or "decode"
     name: str
     core: int | None = None  # the one CPU core it may run on; None: any
+    args: tuple[str, ...] = ()  # after the cluster's node_args, so these win (e.g. its own --num-kv-blocks)
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    name: str = "router"
+    args: tuple[str, ...] = ()  # e.g. ("--policy", "prefix")
+    nodes: tuple[str, ...] | None = None  # the names of the nodes it routes to; None: all
+    with_index: bool = False  # pass the cluster's Redis as --redis-url (the prefix index)
 
 
 def pinned(core: int | None, args: list[str]) -> list[str]:
@@ -24,34 +35,41 @@ def pinned(core: int | None, args: list[str]) -> list[str]:
 
 
 class ServingCluster:
-    """with ServingCluster(model, nodes, router_args) as cluster: cluster.router_url, cluster.node_urls"""
+    """with ServingCluster(model, nodes) as cluster: cluster.router_urls["router"], cluster.node_urls[...]"""
 
-    def __init__(self, model: Path, nodes: list[NodeSpec], router_args: list[str] | None = None, num_kv_blocks: int = 1024) -> None:
-        self.model, self.nodes, self.router_args, self.num_kv_blocks = model, nodes, router_args or [], num_kv_blocks
+    def __init__(self, model: Path, nodes: list[NodeSpec], routers: list[RouterSpec] | None = None,
+                 node_args: tuple[str, ...] = ("--num-kv-blocks", "1024")) -> None:
+        self.model, self.nodes, self.routers, self.node_args = model, nodes, routers or [RouterSpec()], node_args
         self.local = LocalCluster()
         self.node_urls: dict[str, str] = {}
-        self.router_url = ""
-        self.registry_url = ""
+        self.router_urls: dict[str, str] = {}
+
+    @property
+    def router_url(self) -> str:
+        return self.router_urls[self.routers[0].name]
 
     def __enter__(self) -> ServingCluster:
         # One intra-op thread per process: a node pinned to a core must not oversubscribe it. Children inherit it.
         os.environ["OMP_NUM_THREADS"] = "1"
-        python = [sys.executable, "-m", "kvferry"]
         try:
-            self.registry_url = self.local.registry(None)
+            registry = self.local.registry(None)
             for node in self.nodes:
                 port = free_port()
                 self.node_urls[node.name] = f"http://127.0.0.1:{port}"
-                args = [*python, node.role, "--model", str(self.model), "--name", node.name, "--registry", self.registry_url,
-                        "--port", str(port), "--num-kv-blocks", str(self.num_kv_blocks)]
+                args = [*PYTHON, node.role, "--model", str(self.model), "--name", node.name, "--registry", registry,
+                        "--port", str(port), *self.node_args, *node.args]
                 self.local.spawn(node.name, pinned(node.core, args))
-            port = free_port()
-            router = [*python, "router", "--model", str(self.model), "--port", str(port), *self.router_args]
-            for node in self.nodes:
-                router += [f"--{node.role}", self.node_urls[node.name]]
-            self.local.spawn("router", router)
-            self.router_url = f"http://127.0.0.1:{port}"
-            self.local.wait_ready({**self.node_urls, "router": self.router_url})
+            for router in self.routers:
+                port = free_port()
+                args = [*PYTHON, "router", "--model", str(self.model), "--port", str(port), *router.args]
+                if router.with_index:
+                    args += ["--redis-url", registry]
+                for node in self.nodes:
+                    if router.nodes is None or node.name in router.nodes:
+                        args += [f"--{node.role}", self.node_urls[node.name]]
+                self.local.spawn(router.name, args)
+                self.router_urls[router.name] = f"http://127.0.0.1:{port}"
+            self.local.wait_ready({**self.node_urls, **self.router_urls})
         except BaseException:
             self.local.stop()
             raise

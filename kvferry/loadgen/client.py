@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import httpx
 
+from kvferry.internal_api import API_PREFIX
 from kvferry.loadgen.datasets import BenchRequest
 
-ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+# "node": a decode node's own generate call (internal API, NDJSON), to measure what the router adds.
+ENDPOINT_PATHS = {"completions": "/v1/completions", "chat": "/v1/chat/completions", "node": f"{API_PREFIX}/generate"}
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,11 @@ class RequestRecord:
 
 
 def request_body(endpoint: Endpoint, request: BenchRequest) -> dict[str, object]:
+    if endpoint.kind == "node":
+        if request.prompt_token_ids is None:
+            raise ValueError("the node API takes token ids: build the requests with with_token_ids()")
+        sampling = {"max_tokens": request.output_tokens, "ignore_eos": True, "temperature": 0.0}
+        return {"request_id": f"bench-{uuid.uuid4().hex}", "prompt_token_ids": list(request.prompt_token_ids), "sampling": sampling}
     body: dict[str, object] = {
         "model": endpoint.model,
         "max_tokens": request.output_tokens,
@@ -60,8 +69,44 @@ def request_body(endpoint: Endpoint, request: BenchRequest) -> dict[str, object]
     return body
 
 
-def _chunk_text(choice: dict) -> str:
-    return choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+@dataclass(frozen=True)
+class ChunkReading:
+    """What one streamed chunk says, whichever API sent it."""
+
+    has_token: bool  # it carries output (text, or token ids on the node API)
+    tokens: int | None = None  # output tokens it carries, when the API says (the node API does)
+    finish_reason: str | None = None
+    usage_tokens: int | None = None  # OpenAI's final usage chunk
+    error: str | None = None
+
+
+def _read_openai(chunk: dict) -> ChunkReading:
+    if "error" in chunk:
+        return ChunkReading(False, error=str(chunk["error"])[:200])
+    choices = chunk.get("choices") or []
+    texts = [choice.get("text") or (choice.get("delta") or {}).get("content") for choice in choices]
+    finish = next((c["finish_reason"] for c in choices if c.get("finish_reason")), None)
+    usage = (chunk.get("usage") or {}).get("completion_tokens")
+    return ChunkReading(any(texts), finish_reason=finish, usage_tokens=usage)
+
+
+def _read_node(chunk: dict) -> ChunkReading:
+    token_ids = chunk.get("token_ids") or []
+    return ChunkReading(bool(token_ids), len(token_ids), chunk.get("finish_reason"), error=chunk.get("error"))
+
+
+async def _chunks(response: httpx.Response, kind: str) -> AsyncIterator[ChunkReading]:
+    async for line in response.aiter_lines():
+        if kind == "node":  # NDJSON: one chunk a line
+            if line.strip():
+                yield _read_node(json.loads(line))
+            continue
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            return
+        yield _read_openai(json.loads(data))
 
 
 async def send_request(client: httpx.AsyncClient, endpoint: Endpoint, request: BenchRequest, run_start: float) -> RequestRecord:
@@ -70,7 +115,7 @@ async def send_request(client: httpx.AsyncClient, endpoint: Endpoint, request: B
     start = time.perf_counter()
     record.start_s = start - run_start
     last = start
-    text_chunks = 0
+    token_chunks, counted_tokens = 0, 0
     usage_tokens: int | None = None
     finish_reason: str | None = None
     try:
@@ -78,37 +123,30 @@ async def send_request(client: httpx.AsyncClient, endpoint: Endpoint, request: B
             if response.status_code != 200:
                 record.error = f"HTTP {response.status_code}: {(await response.aread()).decode(errors='replace')[:200]}"
                 return record
-            async for line in response.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[len("data:") :].strip()
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    record.error = str(chunk["error"])[:200]
+            async for reading in _chunks(response, endpoint.kind):
+                if reading.error is not None:
+                    record.error = reading.error
                     return record
-                if chunk.get("usage"):
-                    usage_tokens = chunk["usage"].get("completion_tokens")
-                choices = chunk.get("choices") or []
-                finish_reason = next((c["finish_reason"] for c in choices if c.get("finish_reason")), finish_reason)
-                if any(_chunk_text(choice) for choice in choices):
+                usage_tokens = reading.usage_tokens if reading.usage_tokens is not None else usage_tokens
+                finish_reason = reading.finish_reason or finish_reason
+                counted_tokens += reading.tokens or 0
+                if reading.has_token:
                     now = time.perf_counter()
                     if record.ttft_s is None:
                         record.ttft_s = now - start
                     else:
                         record.itl_s.append(now - last)
                     last = now
-                    text_chunks += 1
+                    token_chunks += 1
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"[:200]
         return record
     finally:
         record.latency_s = time.perf_counter() - start
-    if usage_tokens is not None:
-        record.output_tokens = usage_tokens
+    if usage_tokens is not None or counted_tokens:
+        record.output_tokens = usage_tokens if usage_tokens is not None else counted_tokens
     else:  # a chunk may hold no text (a partial UTF-8 character), so chunks undercount tokens
-        record.output_tokens = request.output_tokens if finish_reason == "length" else text_chunks
+        record.output_tokens = request.output_tokens if finish_reason == "length" else token_chunks
     if record.ttft_s is None:
         record.error = "the stream ended without a token"
     return record

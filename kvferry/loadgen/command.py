@@ -17,6 +17,7 @@ from kvferry.loadgen.datasets import (
     random_requests,
     shared_prefix_requests,
     trace_requests,
+    with_token_ids,
 )
 from kvferry.loadgen.metrics import Slo
 from kvferry.loadgen.progress import ProgressBar
@@ -31,7 +32,8 @@ def _rates(text: str) -> list[float]:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     target = parser.add_argument_group("target")
     target.add_argument("--base-url", default="http://127.0.0.1:8000", help="the router (or any OpenAI server)")
-    target.add_argument("--endpoint", choices=sorted(ENDPOINT_PATHS), default="completions")
+    target.add_argument("--endpoint", choices=sorted(ENDPOINT_PATHS), default="completions",
+                        help="node: a decode node's internal generate call (--base-url is the node)")
     target.add_argument("--model", required=True, help="the model folder (its tokenizer sizes the prompts)")
     target.add_argument("--served-model-name", default=None, help="the name sent in requests; default: the folder's name")
     target.add_argument("--api-key", default=None)
@@ -92,7 +94,10 @@ def bench(args: argparse.Namespace) -> int:
 
     model_dir = Path(args.model)
     endpoint = Endpoint(args.base_url, args.served_model_name or model_dir.name, args.endpoint, args.api_key)
-    requests = build_requests(args, TokenWords(ModelTokenizer(model_dir)))
+    tokenizer = ModelTokenizer(model_dir)
+    requests = build_requests(args, TokenWords(tokenizer))
+    if args.endpoint == "node":
+        requests = with_token_ids(requests, tokenizer)
     slo = Slo(args.slo_ttft, args.slo_tpot)
     results: list[RunResult] = []
     for shape in load_shapes(args):

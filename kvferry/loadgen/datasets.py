@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,10 +27,15 @@ class BenchRequest:
     output_tokens: int  # max_tokens, sent with ignore_eos
     system_prompt: str = ""  # the shared part, sent as the system message on /v1/chat/completions
     arrival_s: float | None = None  # trace replay: seconds after the first request
+    prompt_token_ids: tuple[int, ...] | None = None  # only for the node API, which takes no text
 
     @property
     def question(self) -> str:
         return self.prompt[len(self.system_prompt) :]
+
+
+def with_token_ids(requests: list[BenchRequest], tokenizer: ModelTokenizer) -> list[BenchRequest]:
+    return [replace(r, prompt_token_ids=tuple(tokenizer.encode(r.prompt))) for r in requests]
 
 
 class TokenWords:

@@ -1,0 +1,218 @@
+"""Prefix-cache-aware routing against round robin, least load and the default policy, and the router's overhead.
+
+Part 1, policies: 2 prefill nodes (pinned to cores 0 and 1, one torch thread each) and 1 decode node, with
+a router per policy over the same nodes, all routers sharing the cluster's Redis prefix index. The
+workload is shared-prefix (groups x prompts per group, long system prompts, short questions and answers)
+whose system prompts together need more KV blocks than one prefill node holds: a policy that keeps each
+group on one node hits its cache; one that spreads groups over both nodes makes each node hold all of
+them, and evicts. Each policy gets its own prompts (another seed), so no run finds the previous one's
+prefixes cached. The offered rate is a fraction of the prefill capacity with ideal prefix hits, from
+measured unloaded TTFTs of a miss and a hit. Hit rate: prompt tokens the prefill nodes found cached over
+prompt tokens they looked up (their Prometheus counters, read before and after each run).
+
+Part 2, overhead: the tiny model on one decode node; 64 concurrent streams sent through a colocated
+router, and straight to the decode node's own generate call, in alternating rounds: p50 TTFT and ITL.
+
+    .venv/bin/python benchmarks/prefix_routing.py           # -> benchmarks/results/prefix_routing.json
+    .venv/bin/python benchmarks/prefix_routing.py --quick   # tiny model, a few requests: a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cached_model, environment, print_table, write_results  # noqa: E402
+from kvferry.engine.tokenizer import ModelTokenizer  # noqa: E402
+from serving_cluster import NodeSpec, RouterSpec, ServingCluster  # noqa: E402
+
+from kvferry.loadgen.client import Endpoint  # noqa: E402
+from kvferry.loadgen.datasets import (  # noqa: E402
+    BenchRequest,
+    RandomSpec,
+    SharedPrefixSpec,
+    TokenWords,
+    random_requests,
+    shared_prefix_requests,
+    with_token_ids,
+)
+from kvferry.loadgen.metrics import Slo, summarize  # noqa: E402
+from kvferry.loadgen.runner import LoadShape, RunResult, run_load  # noqa: E402
+
+PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "prefix_routing.png"
+POLICIES = ("prefix", "round_robin", "least_load", "default")
+PREFILL_NODES = ("prefill-0", "prefill-1")
+HIT_COUNTER, QUERY_COUNTER = "kvferry:prefix_cache_hits_tokens", "kvferry:prefix_cache_queries_tokens"
+
+
+@dataclass(frozen=True)
+class Workload:
+    groups: int
+    prompts_per_group: int
+    system_len: int
+    question_len: int
+    output_len: int
+
+    def spec(self) -> SharedPrefixSpec:
+        return SharedPrefixSpec(self.groups, self.prompts_per_group, self.system_len, self.question_len, self.output_len)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="small", help="make-model size of the llama checkpoint (part 1)")
+    parser.add_argument("--groups", type=int, default=16)
+    parser.add_argument("--prompts-per-group", type=int, default=8)
+    parser.add_argument("--system-len", type=int, default=512)
+    parser.add_argument("--question-len", type=int, default=16)
+    parser.add_argument("--output-len", type=int, default=8)
+    parser.add_argument("--prefill-kv-blocks", type=int, default=320,
+                        help="each prefill node's KV pool, in 16-token blocks (the groups' prefixes need more)")
+    parser.add_argument("--load-factor", type=float, default=0.8, help="offered rate / ideal-hit prefill capacity")
+    parser.add_argument("--streams", type=int, default=64, help="concurrent streams of the overhead part")
+    parser.add_argument("--overhead-rounds", type=int, default=3)
+    parser.add_argument("--time-limit", type=float, default=600.0, help="seconds per run")
+    parser.add_argument("--quick", action="store_true", help="tiny model, few requests, one overhead round")
+    return parser.parse_args()
+
+
+def offer(endpoint: Endpoint, requests: list[BenchRequest], shape: LoadShape) -> RunResult:
+    result = asyncio.run(run_load(endpoint, requests, shape))
+    if all(r.error is not None for r in result.records):
+        raise RuntimeError(f"every request failed: {sorted({r.error for r in result.records})[:3]}")
+    return result
+
+
+def prefix_counters(node_urls: list[str]) -> tuple[float, float]:
+    """(hit tokens, looked-up tokens) summed over the nodes' Prometheus counters."""
+    hits = queries = 0.0
+    for url in node_urls:
+        for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+            for sample in family.samples:
+                if sample.name == f"{HIT_COUNTER}_total":
+                    hits += sample.value
+                elif sample.name == f"{QUERY_COUNTER}_total":
+                    queries += sample.value
+    return hits, queries
+
+
+def ideal_capacity(endpoint: Endpoint, words: TokenWords, workload: Workload, time_limit: float) -> dict[str, float]:
+    """Unloaded TTFT of a prompt whose prefix is not cached and of one whose prefix is, and the request rate
+    two prefill nodes sustain when every group misses once and then always hits."""
+    probe = Workload(2, 3, workload.system_len, workload.question_len, workload.output_len)
+    requests = sorted(shared_prefix_requests(words, probe.spec(), seed=1000), key=lambda r: r.system_prompt)
+    one_at_a_time = LoadShape(concurrency=1, time_limit_s=time_limit)
+    offer(endpoint, requests[:3], one_at_a_time)  # warm-up: a miss then two hits, on whichever node it lands
+    result = offer(endpoint, requests[3:], one_at_a_time)  # a fresh group: a miss, then two hits
+    ttfts = [r.ttft_s for r in result.records]
+    miss, hit = ttfts[0], statistics.median(ttfts[1:])
+    requests_total = workload.groups * workload.prompts_per_group
+    mean_cost = (workload.groups * miss + (requests_total - workload.groups) * hit) / requests_total
+    return {"miss_ttft_s": miss, "hit_ttft_s": hit, "ideal_capacity_rps": len(PREFILL_NODES) / mean_cost}
+
+
+def policy_rows(model: Path, words: TokenWords, workload: Workload, args: argparse.Namespace) -> tuple[list[dict], dict, list[RunResult]]:
+    nodes = [NodeSpec("prefill", name, core=core, args=("--num-kv-blocks", str(args.prefill_kv_blocks)))
+             for core, name in enumerate(PREFILL_NODES)]
+    nodes.append(NodeSpec("decode", "decode-0"))
+    routers = [RouterSpec(policy, ("--policy", policy), with_index=True) for policy in POLICIES]
+    rows, results = [], []
+    with ServingCluster(model, nodes, routers, node_args=("--num-kv-blocks", "2048")) as cluster:
+        prefill_urls = [cluster.node_urls[name] for name in PREFILL_NODES]
+        measured = ideal_capacity(Endpoint(cluster.router_urls["prefix"], model.name), words, workload, args.time_limit)
+        rate = args.load_factor * measured["ideal_capacity_rps"]
+        print(f"unloaded: {measured}; offered rate {rate:.3f} requests/s", flush=True)
+        for seed, policy in enumerate(POLICIES):
+            requests = shared_prefix_requests(words, workload.spec(), seed=seed)
+            before, load_before = prefix_counters(prefill_urls), os.getloadavg()[0]
+            result = offer(Endpoint(cluster.router_urls[policy], model.name), requests, LoadShape(rate, None, args.time_limit, seed))
+            after = prefix_counters(prefill_urls)
+            summary = summarize(result.records, result.duration_s, Slo())
+            looked_up = after[1] - before[1]
+            rows.append({
+                "policy": policy, "ttft_p50_s": round(summary["ttft_s"]["p50"], 4), "ttft_p90_s": round(summary["ttft_s"]["p90"], 4),
+                "output_tok_s": round(summary["output_tok_s"], 2), "request_throughput_rps": round(summary["request_throughput_rps"], 3),
+                "hit_rate": round((after[0] - before[0]) / looked_up, 3) if looked_up else None,
+                "completed": summary["completed"], "failed": summary["failed"],
+                "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+            })
+            results.append(result)
+            print(f"  {policy}: {rows[-1]}", flush=True)
+    return rows, {**measured, "offered_rate_rps": rate}, results
+
+
+def router_overhead(args: argparse.Namespace) -> dict[str, object]:
+    """p50 TTFT and ITL of `streams` concurrent streams through a colocated router and straight to the
+    decode node, rounds alternating; the medians over rounds."""
+    model = cached_model("llama", "tiny")
+    tokenizer = ModelTokenizer(model)
+    spec = RandomSpec(args.streams * 3, input_len=64, output_len=64)
+    requests = with_token_ids(random_requests(TokenWords(tokenizer), spec, seed=7), tokenizer)
+    shape = LoadShape(concurrency=args.streams, time_limit_s=args.time_limit)
+    p50 = {"router": {"ttft": [], "itl": []}, "direct": {"ttft": [], "itl": []}}
+    with ServingCluster(model, [NodeSpec("decode", "decode-0", core=1)]) as cluster:
+        endpoints = {"router": Endpoint(cluster.router_url, model.name),
+                     "direct": Endpoint(cluster.node_urls["decode-0"], model.name, kind="node")}
+        offer(endpoints["router"], requests[: args.streams], shape)  # warm-up
+        for round_index in range(args.overhead_rounds):
+            for mode in (("router", "direct") if round_index % 2 == 0 else ("direct", "router")):
+                result = offer(endpoints[mode], requests, shape)
+                summary = summarize(result.records, result.duration_s, Slo())
+                p50[mode]["ttft"].append(summary["ttft_s"]["p50"])
+                p50[mode]["itl"].append(summary["itl_s"]["p50"])
+    medians = {mode: {k: statistics.median(v) for k, v in values.items()} for mode, values in p50.items()}
+    return {
+        "streams": args.streams, "rounds": args.overhead_rounds, "model": "llama tiny",
+        "ttft_p50_s": {mode: m["ttft"] for mode, m in medians.items()},
+        "itl_p50_s": {mode: m["itl"] for mode, m in medians.items()},
+        "added_ttft_p50_ms": (medians["router"]["ttft"] - medians["direct"]["ttft"]) * 1000,
+        "added_itl_p50_pct": (medians["router"]["itl"] / medians["direct"]["itl"] - 1) * 100 if medians["direct"]["itl"] else None,
+        "per_round_p50": p50,
+    }
+
+
+def main() -> None:
+    args = parse_args()
+    if args.quick:
+        args.size, args.groups, args.prompts_per_group, args.system_len = "tiny", 4, 3, 64
+        args.prefill_kv_blocks, args.streams, args.overhead_rounds = 12, 8, 1
+    workload = Workload(args.groups, args.prompts_per_group, args.system_len, args.question_len, args.output_len)
+    model = cached_model("llama", args.size)
+    words = TokenWords(ModelTokenizer(model))
+    load_at_start = os.getloadavg()
+    rows, measured, results = policy_rows(model, words, workload, args)
+    overhead = router_overhead(args)
+    print_table(rows, ["policy", "ttft_p50_s", "ttft_p90_s", "output_tok_s", "request_throughput_rps", "hit_rate", "failed", "load_avg_1m"])
+    round_robin = next(r for r in rows if r["policy"] == "round_robin")
+    prefix = next(r for r in rows if r["policy"] == "prefix")
+    ttft_ratio = round_robin["ttft_p90_s"] / prefix["ttft_p90_s"]
+    print(f"P90 TTFT round_robin / prefix: {ttft_ratio:.2f}x; router overhead: +{overhead['added_ttft_p50_ms']:.2f} ms p50 TTFT, "
+          f"{overhead['added_itl_p50_pct']:+.1f}% p50 ITL at {overhead['streams']} streams")
+    payload = {
+        "workload": {"model": f"llama {args.size}", **workload.__dict__, "prefill_kv_blocks": args.prefill_kv_blocks,
+                     "prefix_blocks_needed": workload.groups * workload.system_len // 16, "arrivals": "poisson"},
+        "measured": measured, "rows": rows, "ttft_p90_ratio_round_robin_over_prefix": round(ttft_ratio, 3),
+        "router_overhead": overhead,
+        "load_avg": {"start": list(load_at_start), "end": list(os.getloadavg())}, "cpu_cores": os.cpu_count(),
+        "environment": environment(),
+    }
+    if not args.quick:
+        print(f"wrote {write_results('prefix_routing', payload)}")
+    from kvferry.loadgen.plot import plot_runs
+
+    plot = PLOT if not args.quick else Path(tempfile.gettempdir()) / "prefix_routing_quick.png"
+    plot_runs(plot, results, list(POLICIES), Slo())
+    print(f"wrote {plot}")
+
+
+if __name__ == "__main__":
+    main()

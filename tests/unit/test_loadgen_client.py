@@ -1,0 +1,43 @@
+"""The load generator's request bodies and its reading of streamed chunks from each API."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvferry.loadgen.client import Endpoint, _read_node, _read_openai, request_body
+from kvferry.loadgen.datasets import BenchRequest
+
+REQUEST = BenchRequest(prompt=" sys tem ask", input_tokens=4, output_tokens=5, system_prompt=" sys tem")
+
+
+def test_completion_and_chat_bodies_stream_exact_lengths():
+    completion = request_body(Endpoint("http://h", "m"), REQUEST)
+    assert completion["prompt"] == " sys tem ask" and completion["max_tokens"] == 5 and completion["ignore_eos"] is True
+    assert completion["stream"] is True and completion["stream_options"] == {"include_usage": True}
+    chat = request_body(Endpoint("http://h", "m", kind="chat"), REQUEST)
+    assert chat["messages"] == [{"role": "system", "content": " sys tem"}, {"role": "user", "content": " ask"}]
+    assert "prompt" not in chat
+
+
+def test_node_body_needs_token_ids():
+    node = Endpoint("http://h", "m", kind="node")
+    assert node.url == "http://h/internal/v1/generate"
+    with pytest.raises(ValueError, match="token ids"):
+        request_body(node, REQUEST)
+    body = request_body(node, BenchRequest("x", 3, 2, prompt_token_ids=(1, 2, 3)))
+    assert body["prompt_token_ids"] == [1, 2, 3] and body["sampling"]["max_tokens"] == 2
+
+
+def test_openai_chunks_are_read_for_text_finish_usage_and_errors():
+    assert _read_openai({"choices": [{"index": 0, "text": "hi", "finish_reason": None}]}).has_token
+    assert _read_openai({"choices": [{"index": 0, "delta": {"content": "hi"}}]}).has_token
+    empty = _read_openai({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
+    assert not empty.has_token and empty.finish_reason == "length"
+    assert _read_openai({"choices": [], "usage": {"completion_tokens": 7}}).usage_tokens == 7
+    assert _read_openai({"error": {"message": "boom"}}).error is not None
+
+
+def test_node_chunks_count_their_token_ids():
+    reading = _read_node({"token_ids": [4, 5], "text": "ab", "finish_reason": None})
+    assert reading.has_token and reading.tokens == 2
+    assert _read_node({"token_ids": [], "text": "", "finish_reason": "error", "error": "dead"}).error == "dead"
