@@ -81,10 +81,9 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
     @app.post(f"{API_PREFIX}/decode")
     async def decode(body: DecodeRequest) -> StreamingResponse:
         handle = handles.pop(body.request_id, None)
-        if handle is None or not receiver.wait(handle, timeout=0):
+        if handle is None or not receiver.claim(handle):
             free_expired(body.request_id, [])
             raise HTTPException(409, f"the KV of {body.request_id!r} has not arrived (unknown, expired or cancelled)")
-        receiver.release(handle)
         activated = time.perf_counter()
         stream = await runtime.engine.activate(body.request_id, body.first_token, body.logprobs)
         return StreamingResponse(

@@ -103,7 +103,7 @@ class KVReceiver:
         self.base = pool.tensor.data_ptr()
         self._leases: dict[str, _Lease] = {}
         self._lock = threading.Lock()
-        self.stats = {"leases_expired": 0, "leases_completed": 0}
+        self.stats = {"leases_expired": 0, "leases_completed": 0, "claims_expired": 0}
         engine.register_memory(self.base, pool.tensor.numel() * pool.tensor.element_size(), pool.tensor.is_cuda)
         engine.write_guard = self._guard
         engine.on_write_finished = self._finished
@@ -145,15 +145,26 @@ class KVReceiver:
         with self._lock:
             self._leases.pop(handle.token, None)
 
+    def claim(self, handle: DestinationHandle) -> bool:
+        """Take a completed lease's blocks for decoding: True once, and only if every block arrived and
+        the lease has not ended. Atomic with expiry, so blocks are either claimed or freed, never both."""
+        with self._lock:
+            lease = self._leases.get(handle.token)
+            if lease is None or not lease.ok:
+                return False
+            del self._leases[handle.token]
+            return True
+
     def expire_due(self) -> list[str]:
-        """End every lease past its deadline; returns their request ids."""
+        """End every lease past its deadline, completed ones that nobody claimed too (the router died,
+        or the client left between prefill and decode); returns their request ids."""
         now = time.monotonic()
         with self._lock:
-            due = [(token, lease) for token, lease in self._leases.items() if not lease.ok and lease.deadline <= now]
+            due = [(token, lease) for token, lease in self._leases.items() if lease.deadline <= now]
             for token, _ in due:
                 del self._leases[token]
         for _, lease in due:
-            self.stats["leases_expired"] += 1
+            self.stats["leases_expired" if not lease.ok else "claims_expired"] += 1
             lease.done.set()
             if self.on_expired is not None:
                 self.on_expired(lease.request_id, lease.block_ids)
@@ -180,6 +191,8 @@ class KVReceiver:
             if lease.missing:
                 return
             lease.ok = True
+            # The KV is here; the decode call must now claim it within another lease period.
+            lease.deadline = time.monotonic() + self.lease_seconds
         self.stats["leases_completed"] += 1
         lease.done.set()
 

@@ -139,3 +139,21 @@ def test_second_turn_of_a_chat_sends_only_the_blocks_the_decode_node_lacks(clust
     assert held_blocks >= len(first) // BLOCK_SIZE  # at least the first prompt's full blocks stayed on D
     assert second_bytes == (math.ceil(len(second) / BLOCK_SIZE) - held_blocks) * block_bytes
     assert second_bytes < first_bytes
+
+
+def test_kv_that_arrived_but_was_never_claimed_is_freed_after_the_lease(cluster):
+    """A cancel in the gap between P and D (the router gone before it called decode): the decode node
+    holds the arrived KV for one more lease, then frees it; a late decode call is refused."""
+    decode, prefill = cluster.urls["decode-0"], cluster.urls["prefill-0"]
+    body = {"request_id": "gap-1", "prompt_token_ids": _prompt(10, 45), "sampling": {"max_tokens": 4, "temperature": 0}}
+    reserve = httpx.post(f"{decode}/internal/v1/reserve", json=body, timeout=10)
+    assert reserve.status_code == 200, reserve.text
+    sent = httpx.post(f"{prefill}/internal/v1/prefill", json={**body, "handle": reserve.json()["handle"]}, timeout=10)
+    assert sent.status_code == 200 and sent.json()["kv_bytes"] > 0, sent.text
+    assert cluster.stats("decode-0")["reserved"] == 1
+    arrived = time.monotonic()
+    cluster.wait_until(lambda: _idle(cluster.stats("decode-0")), LEASE_SECONDS + 2, "the unclaimed KV freed")
+    assert time.monotonic() - arrived >= LEASE_SECONDS * 0.9  # not before the claim window ended
+    late = httpx.post(f"{decode}/internal/v1/decode", json={"request_id": "gap-1", "first_token": 1}, timeout=10)
+    assert late.status_code == 409
+    assert _idle(cluster.stats("prefill-0"))
