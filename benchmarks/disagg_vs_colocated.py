@@ -27,13 +27,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cached_model, environment, print_table, write_results  # noqa: E402
 from kvferry.engine.tokenizer import ModelTokenizer  # noqa: E402
-from serving_cluster import NodeSpec, ServingCluster  # noqa: E402
+from serving_cluster import NodeSpec, ServingCluster, counter_total  # noqa: E402
 
 from kvferry.loadgen.client import Endpoint  # noqa: E402
 from kvferry.loadgen.datasets import BenchRequest, RandomSpec, TokenWords, random_requests  # noqa: E402
 from kvferry.loadgen.metrics import Slo, summarize  # noqa: E402
 from kvferry.loadgen.runner import LoadShape, RunResult, run_load  # noqa: E402
 
+FALLBACKS = "kvferry:local_prefill_fallbacks"  # the router's count of requests a decode node prefilled itself
 PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "disagg_vs_colocated.png"
 SETUPS = {
     "disaggregated": [NodeSpec("prefill", "prefill-0", core=0), NodeSpec("decode", "decode-0", core=1)],
@@ -48,7 +49,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--size", default="small", help="make-model size of the llama checkpoint")
     parser.add_argument("--input-len", type=int, default=512)
     parser.add_argument("--output-len", type=int, default=32)
-    parser.add_argument("--num-prompts", type=int, default=20, help="requests per run")
+    parser.add_argument("--num-prompts", type=int, default=16, help="requests per run")
     parser.add_argument("--load-factors", default="0.5,0.8", help="offered rates, as fractions of 1 / unloaded TTFT")
     parser.add_argument("--tpot-slo-factor", type=float, default=1.5, help="TPOT SLO = this x the unloaded TPOT")
     parser.add_argument("--ttft-slo-factor", type=float, default=4.0, help="TTFT SLO = this x the unloaded TTFT")
@@ -80,13 +81,13 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def row(setup: str, rate: float, result: RunResult, slo: Slo, load_before: float) -> dict[str, object]:
+def row(setup: str, rate: float, result: RunResult, slo: Slo, load_before: float, fallbacks: float) -> dict[str, object]:
     summary = summarize(result.records, result.duration_s, slo)
     latency = {f"{name}_{p}_s": _rounded(summary[f"{name}_s"][p]) for name in ("ttft", "tpot") for p in ("p50", "p90", "p99")}
     return {
         "setup": setup, "rate_rps": round(rate, 3), "goodput_rps": _rounded(summary["goodput_rps"]),
         "slo_attainment": round(summary["slo_attainment"], 3), **latency, "output_tok_s": _rounded(summary["output_tok_s"]),
-        "completed": summary["completed"], "failed": summary["failed"],
+        "completed": summary["completed"], "failed": summary["failed"], "local_prefill_fallbacks": int(fallbacks),
         "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # before and after the run
     }
 
@@ -116,9 +117,10 @@ def main() -> None:
         for index, rate in enumerate(rates):
             order = list(endpoints) if index % 2 == 0 else list(reversed(endpoints))  # take turns going first
             for setup in order:
-                load_before = os.getloadavg()[0]
+                load_before, fallbacks = os.getloadavg()[0], counter_total([endpoints[setup].base_url], FALLBACKS)
                 result = offer(endpoints[setup], requests, LoadShape(rate, None, args.time_limit, args.seed))
-                rows.append(row(setup, rate, result, slo, load_before))
+                fallbacks = counter_total([endpoints[setup].base_url], FALLBACKS) - fallbacks
+                rows.append(row(setup, rate, result, slo, load_before, fallbacks))
                 results.append(result)
                 labels.append(f"{setup} @ {rate:.2f}/s")
                 series.append(setup)
@@ -128,7 +130,7 @@ def main() -> None:
         goodput = {r["setup"]: r["goodput_rps"] for r in rows if r["rate_rps"] == rate}
         ratios[str(rate)] = round(goodput["disaggregated"] / goodput["colocated"], 3) if goodput["colocated"] else None
     print_table(rows, ["setup", "rate_rps", "goodput_rps", "slo_attainment", "ttft_p50_s", "ttft_p90_s", "ttft_p99_s",
-                       "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "load_avg_1m"])
+                       "tpot_p50_s", "tpot_p90_s", "tpot_p99_s", "local_prefill_fallbacks", "load_avg_1m"])
     print(f"goodput ratio disaggregated / colocated by rate: {ratios}")
     payload = {
         "workload": {"model": f"llama {args.size}", "input_len": args.input_len, "output_len": args.output_len,

@@ -28,13 +28,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cached_model, environment, print_table, write_results  # noqa: E402
 from kvferry.engine.tokenizer import ModelTokenizer  # noqa: E402
-from serving_cluster import NodeSpec, RouterSpec, ServingCluster  # noqa: E402
+from serving_cluster import NodeSpec, RouterSpec, ServingCluster, counter_total  # noqa: E402
 
 from kvferry.loadgen.client import Endpoint  # noqa: E402
 from kvferry.loadgen.datasets import (  # noqa: E402
@@ -93,16 +90,8 @@ def offer(endpoint: Endpoint, requests: list[BenchRequest], shape: LoadShape) ->
 
 
 def prefix_counters(node_urls: list[str]) -> tuple[float, float]:
-    """(hit tokens, looked-up tokens) summed over the nodes' Prometheus counters."""
-    hits = queries = 0.0
-    for url in node_urls:
-        for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
-            for sample in family.samples:
-                if sample.name == f"{HIT_COUNTER}_total":
-                    hits += sample.value
-                elif sample.name == f"{QUERY_COUNTER}_total":
-                    queries += sample.value
-    return hits, queries
+    """(hit tokens, looked-up tokens) over the prefill nodes."""
+    return counter_total(node_urls, HIT_COUNTER), counter_total(node_urls, QUERY_COUNTER)
 
 
 def ideal_capacity(endpoint: Endpoint, words: TokenWords, workload: Workload, time_limit: float) -> dict[str, float]:
@@ -126,7 +115,7 @@ def policy_rows(model: Path, words: TokenWords, workload: Workload, args: argpar
     nodes.append(NodeSpec("decode", "decode-0"))
     routers = [RouterSpec(policy, ("--policy", policy), with_index=True) for policy in POLICIES]
     rows, results = [], []
-    with ServingCluster(model, nodes, routers, node_args=("--num-kv-blocks", "2048")) as cluster:
+    with ServingCluster(model, nodes, routers) as cluster:
         prefill_urls = [cluster.node_urls[name] for name in PREFILL_NODES]
         measured = ideal_capacity(Endpoint(cluster.router_urls["prefix"], model.name), words, workload, args.time_limit)
         rate = args.load_factor * measured["ideal_capacity_rps"]

@@ -8,10 +8,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
 from kvferry.local_cluster import LocalCluster
 from kvferry.redis_server import free_port
 
 PYTHON = [sys.executable, "-m", "kvferry"]
+# A node pinned to one core of a busy shared machine can take longer than the 2 s default transfer timeout
+# to answer its peer; a transfer that fails there turns a disaggregated request into a local prefill.
+NODE_ARGS = ("--num-kv-blocks", "1024", "--transfer-timeout", "30", "--lease", "60")
 
 
 @dataclass(frozen=True)
@@ -30,6 +36,15 @@ class RouterSpec:
     with_index: bool = False  # pass the cluster's Redis as --redis-url (the prefix index)
 
 
+def counter_total(urls: list[str], name: str) -> float:
+    """A Prometheus counter's value summed over every label set and every process at these URLs."""
+    total = 0.0
+    for url in urls:
+        for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+            total += sum(sample.value for sample in family.samples if sample.name == f"{name}_total")
+    return total
+
+
 def pinned(core: int | None, args: list[str]) -> list[str]:
     return args if core is None else ["taskset", "-c", str(core), *args]
 
@@ -38,7 +53,7 @@ class ServingCluster:
     """with ServingCluster(model, nodes) as cluster: cluster.router_urls["router"], cluster.node_urls[...]"""
 
     def __init__(self, model: Path, nodes: list[NodeSpec], routers: list[RouterSpec] | None = None,
-                 node_args: tuple[str, ...] = ("--num-kv-blocks", "1024")) -> None:
+                 node_args: tuple[str, ...] = NODE_ARGS) -> None:
         self.model, self.nodes, self.routers, self.node_args = model, nodes, routers or [RouterSpec()], node_args
         self.local = LocalCluster()
         self.node_urls: dict[str, str] = {}
