@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -24,30 +25,50 @@ TRANSFER_TIMEOUT_SECONDS = 1.0
 
 
 class DisaggregatedCluster:
-    def __init__(self, model_dir: Path, num_prefill: int = 1, num_decode: int = 1) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        num_prefill: int = 1,
+        num_decode: int = 1,
+        launchers: dict[str, list[str]] | None = None,
+        router_flags: list[str] | None = None,
+    ) -> None:
+        """`launchers` replaces `-m kvferry` for the named nodes (a fault-injecting wrapper)."""
         self.local = LocalCluster()
         self.redis = RedisServer(self.local.workdir, log=self.local.workdir / "redis.log")
         self.urls: dict[str, str] = {}
+        launchers = launchers or {}
         python = [sys.executable, "-m", "kvferry"]
         for role, count in (("prefill", num_prefill), ("decode", num_decode)):
             for index in range(count):
                 name, port = f"{role}-{index}", free_port()
                 self.urls[name] = f"http://127.0.0.1:{port}"
+                launcher = [sys.executable, *launchers[name]] if name in launchers else python
                 self.local.spawn(name, [
-                    *python, role, "--model", str(model_dir), "--name", name, "--registry", self.redis.url,
+                    *launcher, role, "--model", str(model_dir), "--name", name, "--registry", self.redis.url,
                     "--port", str(port), "--lease", str(LEASE_SECONDS), "--transfer-timeout", str(TRANSFER_TIMEOUT_SECONDS),
                 ])
-        router_port = free_port()
-        router = [*python, "router", "--model", str(model_dir), "--port", str(router_port)]
-        for name, url in self.urls.items():
-            router += ["--prefill" if name.startswith("prefill") else "--decode", url]
-        self.local.spawn("router", router)
-        self.urls["router"] = f"http://127.0.0.1:{router_port}"
+        self.model_dir = model_dir
         try:
-            self.local.wait_ready(self.urls)
+            self.local.wait_ready(dict(self.urls))
+            self.add_router("router", list(self.urls), router_flags or [])
         except BaseException:
             self.stop()
             raise
+
+    def add_router(self, name: str, nodes: list[str], flags: list[str]) -> str:
+        """Start a router over the named nodes; returns its URL."""
+        port = free_port()
+        args = [
+            sys.executable, "-m", "kvferry", "router", "--model", str(self.model_dir), "--port", str(port),
+            "--redis-url", self.redis.url, *flags,
+        ]
+        for node in nodes:
+            args += ["--prefill" if node.startswith("prefill") else "--decode", self.urls[node]]
+        self.local.spawn(name, args)
+        self.urls[name] = f"http://127.0.0.1:{port}"
+        self.local.wait_ready({name: self.urls[name]})
+        return self.urls[name]
 
     @property
     def router(self) -> str:
@@ -75,14 +96,15 @@ class DisaggregatedCluster:
         self.redis.stop()
         self.redis = RedisServer(self.local.workdir, log=self.local.workdir / "redis-restarted.log", port=port)
 
-    def wait_until(self, check, timeout: float, what: str):  # noqa: ANN001 - a predicate returning a value
+    def wait_until(self, check: Callable[[], object], timeout: float, what: str | Callable[[], str]) -> object:
+        """Poll `check` until it returns something true; `what` (or what it returns) explains a timeout."""
         deadline = time.monotonic() + timeout
         while True:
             value = check()
             if value:
                 return value
             if time.monotonic() > deadline:
-                raise AssertionError(f"not within {timeout}s: {what}")
+                raise AssertionError(f"not within {timeout}s: {what() if callable(what) else what}")
             time.sleep(0.1)
 
     def stop(self) -> None:
