@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from kvferry.kvcache.prefix_index import PrefixIndex, prefix_index_from
 from kvferry.router.admission import Admission
 from kvferry.router.auth import APIKeyMiddleware
@@ -104,12 +104,12 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     unauthorized = {401: ERROR_RESPONSES[401]}
 
     @app.post("/v1/completions", response_model=None, responses=_generation_responses(CompletionResponse))
-    async def completions(body: CompletionRequest) -> JSONResponse | StreamingResponse:
-        return await service.serve(body)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await service.serve(body, request)
 
     @app.post("/v1/chat/completions", response_model=None, responses=_generation_responses(ChatCompletionResponse))
-    async def chat_completions(body: ChatCompletionRequest) -> JSONResponse | StreamingResponse:
-        return await service.serve(body)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await service.serve(body, request)
 
     @app.get("/v1/models", responses=unauthorized)
     def models() -> ModelList:

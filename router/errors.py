@@ -71,7 +71,7 @@ ERROR_RESPONSES: dict[int | str, dict] = {
         409: "A node refused the request (e.g. KV pools that do not match)",
         413: "Request body too large",
         429: "Too many requests in flight (Retry-After)",
-        500: "A request plugin failed",
+        500: "A request plugin failed, or a node's engine failed while serving the request",
         502: "A node failed while serving the request",
         503: "No node can take the request now (Retry-After)",
         504: "A node did not answer in time",

@@ -78,20 +78,15 @@ class Usage(BaseModel):
     total_tokens: int
 
 
-class CompletionChoice(BaseModel):
+class _Choice(BaseModel):
     index: int
-    text: str
     finish_reason: str | None
     logprobs: dict[str, Any] | None = None
+    token_ids: list[int] = Field(default_factory=list)  # beyond OpenAI: the generated token ids
 
 
-class CompletionResponse(BaseModel):
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
+class CompletionChoice(_Choice):
+    text: str
 
 
 class AssistantMessage(BaseModel):
@@ -99,20 +94,25 @@ class AssistantMessage(BaseModel):
     content: str
 
 
-class ChatChoice(BaseModel):
-    index: int
+class ChatChoice(_Choice):
     message: AssistantMessage
-    finish_reason: str | None
-    logprobs: dict[str, Any] | None = None
 
 
-class ChatCompletionResponse(BaseModel):
+class _Response(BaseModel):
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
-    choices: list[ChatChoice]
     usage: Usage | None = None
+
+
+class CompletionResponse(_Response):
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+
+
+class ChatCompletionResponse(_Response):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
 
 
 class ModelCard(BaseModel):

@@ -101,7 +101,8 @@ class PDFlow:
                 continue
             chunk = json.loads(line)
             if chunk.get("finish_reason") == "error":
-                raise APIError(502, f"decode node {url} failed mid-stream: {chunk.get('error')}")
+                # The node's engine failed (its own in-band report): an internal error, not a bad gateway.
+                raise APIError(500, f"decode node {url} failed mid-stream: {chunk.get('error')}")
             yield chunk
 
     async def _prefill_remotely(self, request_id: str, prompt_ids: list[int], sampling: dict,

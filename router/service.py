@@ -10,11 +10,12 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from kvferry.kvcache import hash_prompt_blocks
 from kvferry.kvcache.prefix_index import PrefixIndex
 from kvferry.router.admission import Admission
 from kvferry.router.cluster import ClusterState
+from kvferry.router.disconnect import ClientDisconnected, until_disconnected
 from kvferry.router.errors import APIError, overloaded
 from kvferry.router.metrics import RouterMetrics
 from kvferry.router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -24,12 +25,14 @@ from kvferry.router.prompts import PromptEncoder
 from kvferry.router.responses import Choice, ResponseShape, sse
 from kvferry.router.scheduling import NoNodeAvailable, Scheduler, SchedulingRequest
 from kvferry.router.streams import merge_streams
+from starlette.requests import Request
 
 from kvferry.internal_api import SamplingSpec
 
 DEFAULT_BLOCK_SIZE = 16  # the nodes' default; their records say when they use another
 GREEDY_BELOW_TEMPERATURE = 1e-5
 MAX_CHOICES = 64  # prompts x n in one request: each is its own node request
+CLIENT_LEFT = 499  # nginx's status for a client that closed the connection first
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ class CompletionService:
         self.index, self.flow, self.metrics, self.plugins = index, flow, metrics, plugins
         self.admission, self.default_max_tokens = admission, default_max_tokens
 
-    async def serve(self, body: CompletionRequest | ChatCompletionRequest) -> JSONResponse | StreamingResponse:
+    async def serve(self, body: CompletionRequest | ChatCompletionRequest, request: Request) -> Response:
         arrived = time.perf_counter()
         if body.model != self.model:
             raise APIError(404, f"The model `{body.model}` does not exist; this router serves `{self.model}`",
@@ -81,24 +84,16 @@ class CompletionService:
             merged = merge_streams([await self._stream(sub) for sub in subs])
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
-                first = await self._first(merged)
+                first = await until_disconnected(request, self._first(merged))
                 streaming = True
                 events = self._sse(shape, merged, first, len(subs), sum(prompt_lens), include_usage, context, arrived)
                 return StreamingResponse(events, media_type="text/event-stream")
-            choices = [Choice(index) for index in range(len(subs))]
-            clock = _TokenClock(self.metrics, arrived)
-            async for index, chunk in merged:
-                clock.tick(index, len(chunk["token_ids"]))
-                choice = choices[index]
-                choice.text += chunk["text"]
-                choice.token_ids += chunk["token_ids"]
-                choice.logprobs += chunk.get("logprobs") or []
-                choice.finish_reason = chunk["finish_reason"] or choice.finish_reason
-            for choice in choices:
-                choice.text = self.plugins.on_output(context, choice.text)
+            whole = await until_disconnected(request, self._collect(shape, merged, len(subs), sum(prompt_lens), context, arrived))
             status = 200
-            clock.done()
-            return JSONResponse(shape.whole(choices, sum(prompt_lens)))
+            return JSONResponse(whole)
+        except ClientDisconnected:
+            status = CLIENT_LEFT
+            return Response(status_code=CLIENT_LEFT)  # nobody reads it
         except APIError as exc:
             status = exc.status
             raise
@@ -106,6 +101,22 @@ class CompletionService:
             if not streaming:
                 self.admission.leave()
                 self.metrics.request_done(status)
+
+    async def _collect(self, shape: ResponseShape, merged: AsyncIterator[tuple[int, dict]], num_choices: int,
+                       prompt_tokens: int, context: PluginContext, arrived: float) -> dict:
+        choices = [Choice(index) for index in range(num_choices)]
+        clock = _TokenClock(self.metrics, arrived)
+        async for index, chunk in merged:
+            clock.tick(index, len(chunk["token_ids"]))
+            choice = choices[index]
+            choice.text += chunk["text"]
+            choice.token_ids += chunk["token_ids"]
+            choice.logprobs += chunk.get("logprobs") or []
+            choice.finish_reason = chunk["finish_reason"] or choice.finish_reason
+        for choice in choices:
+            choice.text = self.plugins.on_output(context, choice.text)
+        clock.done()
+        return shape.whole(choices, prompt_tokens)
 
     def _prepare(self, body: CompletionRequest | ChatCompletionRequest) -> tuple[ResponseShape, list[int], list[SubRequest], PluginContext]:
         if isinstance(body, ChatCompletionRequest):
@@ -203,7 +214,7 @@ class CompletionService:
             yield sse(exc.body())
         finally:
             self.admission.leave()
-            self.metrics.request_done(status if status != 200 or clock.finished else 499)
+            self.metrics.request_done(status if status != 200 or clock.finished else CLIENT_LEFT)
         yield sse("[DONE]")
 
 

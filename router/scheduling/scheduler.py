@@ -32,10 +32,6 @@ class Decision:
     cached_blocks: int  # leading prompt blocks the prefilling node holds, per the index
     colocated: bool = False  # the cluster has no prefill nodes at all
 
-    @property
-    def prefilling_node(self) -> NodeView:
-        return self.prefill or self.decode
-
 
 class Scheduler:
     def __init__(self, policy: Policy, filters: Sequence[str] = DEFAULT_FILTERS) -> None:
