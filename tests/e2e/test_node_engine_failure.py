@@ -1,5 +1,7 @@
-"""An engine that fails on a decode node (injected by tests.support.faulty_node): the requests it held
-end with a 500 or an error event then [DONE], the node reports unhealthy, and new traffic avoids it."""
+"""Nodes that fail on purpose (tests.support.faulty_node): an engine failing on a decode node ends the
+requests it held with a 500 or an error event then [DONE], the node reports unhealthy, and new traffic
+avoids it; a prefill node dying between its prefill and the transfer leaves the request to the decode
+node's local prefill, with the same greedy tokens and no blocks left behind."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import redis
+from kvferry.engine import LLM, SamplingParams
 
 from tests.e2e.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster
 
@@ -79,3 +82,24 @@ def test_requests_on_the_failed_engine_get_errors_and_the_node_gets_no_new_traff
     for seed in range(3, 9):  # round robin would send every second one to decode-0
         assert _completed(_call(cluster.router, _body(seed, seed % 2 == 0, SHORT)), SHORT)
     assert calls_taken("decode-0") == taken_before
+
+
+def test_prefill_node_dying_before_its_transfer_falls_back_and_frees_the_reservation(tiny_models):
+    dying = {"prefill-0": ["-m", "tests.support.faulty_node", "--die-before-transfer"]}
+    cluster = DisaggregatedCluster(tiny_models["llama"], launchers=dying)
+    try:
+        body = _body(11, False, SHORT)
+        started = time.monotonic()
+        status, payload = _call(cluster.router, body)
+        assert status == 200, payload
+        llm = LLM(tiny_models["llama"], dtype="float32", max_model_len=2048)
+        params = SamplingParams(temperature=0, max_tokens=SHORT, ignore_eos=True)
+        expected = llm.generate([{"prompt_token_ids": body["prompt"]}], params)[0].outputs[0].token_ids
+        assert payload["choices"][0]["token_ids"] == expected
+        assert time.monotonic() - started < 10
+        assert cluster.metric("decode-0", "kvferry:local_prefills_total") == 1
+        assert dict(cluster.local.processes)["prefill-0"].wait(timeout=5) == 17  # it really died mid-request
+        cluster.wait_until(lambda: cluster.stats("decode-0")["blocks"]["in_use"] == 0, 5, "reservation freed")
+        assert cluster.stats("decode-0")["reserved"] == 0
+    finally:
+        cluster.stop()

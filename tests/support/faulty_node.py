@@ -1,17 +1,22 @@
 """A real kvferry node whose engine fails on purpose, for fault tests only.
 
     python -m tests.support.faulty_node --fail-when-running K decode --model ... (the usual node flags)
+    python -m tests.support.faulty_node --die-before-transfer prefill --model ...
 
-The engine raises from the first step that would run with K or more requests in the batch, as a
-CUDA error or a kernel bug would: everything after that is the product's real failure handling.
+--fail-when-running: the engine raises from the first step that would run with K or more requests in
+the batch, as a CUDA error or a kernel bug would. --die-before-transfer: a prefill node's process exits
+at once when its first KV transfer would begin (prefill done, blocks held, nothing sent). Everything
+after that is the product's real failure handling.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from kvferry.engine.llm_engine import LLMEngine
+from kvferry.transfer.kv_connector import KVSender
 
 from kvferry.cli import main as kvferry_main
 
@@ -31,9 +36,20 @@ def fail_when_running(count: int) -> None:
     LLMEngine.step = step  # type: ignore[method-assign]
 
 
+def die_before_transfer() -> None:
+    def send_blocks(*_: object, **__: object) -> int:
+        os._exit(17)  # no cleanup, no goodbye: as a killed process
+
+    KVSender.send_blocks = send_blocks  # type: ignore[method-assign]
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--fail-when-running", type=int, required=True)
+    parser.add_argument("--fail-when-running", type=int, default=None)
+    parser.add_argument("--die-before-transfer", action="store_true")
     options, node_argv = parser.parse_known_args()
-    fail_when_running(options.fail_when_running)
+    if options.fail_when_running is not None:
+        fail_when_running(options.fail_when_running)
+    if options.die_before_transfer:
+        die_before_transfer()
     sys.exit(kvferry_main(node_argv))
