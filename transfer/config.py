@@ -14,6 +14,16 @@ class TransferConfig:
     handshake_timeout_seconds: float = 1.0
     # How long the loop sleeps in epoll when nothing is in flight; bounds the latency of a submit.
     idle_wait_ms: int = 1
+    # While operations wait only for a peer's control reply (no UCP request of ours in flight), the loop
+    # polls first after reply_poll_seconds, then twice as long each time up to reply_poll_max_seconds,
+    # instead of spinning: UCX's shared-memory transports cannot wake an epoll sleeper, and a spinning
+    # target took a core from the writer, whose process does the copying (2-core hosts).
+    reply_poll_seconds: float = 50e-6
+    reply_poll_max_seconds: float = 400e-6
+    # Segments (512 KiB at most) UCX's CMA transport may copy per worker progress call (its
+    # CMA_TX_QUOTA, default 1): with 1, every put of a batch costs one turn of the engine loop (tens of
+    # microseconds of Python); 64 KiB blocks then moved at a third of memcpy.
+    cma_segments_per_progress: int = 1024
     # How often the engine refreshes its registry record (whose TTL is longer).
     heartbeat_seconds: float = 5.0
     # Small host-memory ranges share scatter-gather messages of at most this many ranges (UCX 1.21

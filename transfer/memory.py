@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, eq=False)  # identity: hashing the fields (the rkey bytes) per range was slow
 class Region:
     address: int
     length: int
@@ -51,6 +54,25 @@ class MemoryRegistry:
             if region.holds(address, length):
                 return region
         return None
+
+    def find_all(self, addresses: Sequence[int], lengths: Sequence[int]) -> list[Region | None]:
+        """find() for a whole batch: one vectorised search (a batch has up to 4096 ranges, and a Python
+        loop over the regions per range cost a millisecond on each side of every write)."""
+        regions = sorted(self.regions.values(), key=lambda region: region.address)
+        if not regions:
+            return [None] * len(addresses)
+        starts = np.array([region.address for region in regions], dtype=np.int64)
+        ends = starts + np.array([region.length for region in regions], dtype=np.int64)
+        try:
+            first, count = np.asarray(addresses, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+        except OverflowError:  # beyond any address: only a malformed control message carries these
+            return [self.find(address, length) for address, length in zip(addresses, lengths, strict=True)]
+        index = np.searchsorted(starts, first, side="right") - 1
+        inside = (index >= 0) & (count <= ends[index] - first)  # not first + count, which could wrap
+        found: list[Region | None] = [regions[i] if ok else None for i, ok in zip(index.tolist(), inside.tolist(), strict=True)]
+        for i in np.flatnonzero(~inside).tolist():  # overlapping registrations: the nearest start may not hold it
+            found[i] = self.find(addresses[i], lengths[i])
+        return found
 
     def buffer_region(self, address: int, length: int) -> Region:
         region = self.find(address, length)

@@ -17,8 +17,11 @@ Request = ucx.UCXRequest
 
 
 class UcxWorker:
-    def __init__(self) -> None:
-        self.context = ucx.UCXContext(feature_flags=(ucx.Feature.TAG, ucx.Feature.RMA, ucx.Feature.WAKEUP))
+    def __init__(self, options: dict[str, str] | None = None) -> None:
+        """`options` are UCX settings without the UCX_ prefix ({"CMA_TX_QUOTA": "1024"}); they override
+        the environment, for this context only."""
+        features = (ucx.Feature.TAG, ucx.Feature.RMA, ucx.Feature.WAKEUP)
+        self.context = ucx.UCXContext(config_dict=options or {}, feature_flags=features)
         self.worker = ucx.UCXWorker(self.context)
         self.worker.init_blocking_progress_mode()
 
