@@ -1,0 +1,82 @@
+"""The router's view of nodes: registry records joined to discovered URLs, unknown load left unknown,
+stale or unhealthy records and failing nodes ejected, with a backoff that doubles."""
+
+from __future__ import annotations
+
+import time
+
+from kvferry.router.cluster import node_view
+from kvferry.router.discovery import RegistryDiscovery, StaticDiscovery
+from kvferry.router.health import HealthTracker
+from kvferry.router.nodes import Endpoint
+from kvferry.router.registry_view import RegistryView
+from kvferry.transfer.registry import InMemoryRegistry
+
+
+def record(url: str, role: str, **fields) -> dict:
+    return {"address": "00", "role": role, "url": url, "pool": {"model": "m", "block_size": 32}, "updated_at": time.time(),
+            **fields}
+
+
+def test_records_join_discovered_urls_and_missing_load_stays_unknown():
+    registry = InMemoryRegistry()
+    registry.publish("p-a", record("http://10.0.0.1:8100/", "prefill", free_blocks=5, total_blocks=10, waiting=2))
+    registry.publish("d-a", record("http://10.0.0.2:8100", "decode"))
+    view = RegistryView(registry, stale_after_seconds=15)
+    view.refresh()
+    endpoints = StaticDiscovery(["http://10.0.0.1:8100"], ["http://10.0.0.2:8100", "http://10.0.0.3:8100"]).endpoints()
+    nodes = [node_view(e, view.lookup(e.url), healthy=True, inflight=1) for e in endpoints]
+    assert [(n.name, n.role, n.model, n.block_size) for n in nodes] == [
+        ("p-a", "prefill", "m", 32), ("d-a", "decode", "m", 32), ("http://10.0.0.3:8100", "decode", None, None),
+    ]
+    assert (nodes[0].free_blocks, nodes[0].total_blocks, nodes[0].queue_depth) == (5, 10, 3)
+    assert (nodes[1].free_blocks, nodes[1].waiting, nodes[1].queue_depth) == (None, None, 1)
+
+
+def test_stale_or_unhealthy_records_mark_their_node_dead_and_registry_discovery_skips_stale_ones():
+    registry = InMemoryRegistry()
+    registry.publish("old", record("http://o:1", "decode", updated_at=time.time() - 60))
+    registry.publish("sick", record("http://s:1", "decode", healthy=False))
+    registry.publish("fine", record("http://f:1", "prefill"))
+    registry.publish("router-ish", {"address": "00", "url": "http://x:1"})  # no role: not a node to route to
+    view = RegistryView(registry, stale_after_seconds=15)
+    view.refresh()
+    assert sorted(RegistryDiscovery(view).endpoints(), key=lambda e: e.url) == [
+        Endpoint("http://f:1", "prefill"), Endpoint("http://s:1", "decode"),
+    ]
+    health = {url: node_view(Endpoint(url, "decode"), view.lookup(url), True, 0,
+                             stale=view.is_stale(view.lookup(url)[1])).healthy for url in ("http://o:1", "http://s:1", "http://f:1")}
+    assert health == {"http://o:1": False, "http://s:1": False, "http://f:1": True}
+
+
+def test_a_registry_that_fails_keeps_the_last_view():
+    class Flaky(InMemoryRegistry):
+        broken = False
+
+        def records(self):
+            if self.broken:
+                raise ConnectionError("redis is down")
+            return super().records()
+
+    registry = Flaky()
+    registry.publish("n", record("http://n:1", "decode"))
+    view = RegistryView(registry, stale_after_seconds=15)
+    view.refresh()
+    registry.broken = True
+    view.refresh()
+    assert view.lookup("http://n:1")[0] == "n"
+
+
+def test_failures_eject_with_a_doubling_backoff_and_one_success_readmits():
+    health = HealthTracker(first_backoff=1.0, max_backoff=3.0)
+    url = "http://n:1"
+    assert health.is_healthy(url) and health.due_for_probe(url, now=0.0)
+    health.record_failure(url, now=10.0)
+    assert not health.is_healthy(url)
+    assert not health.due_for_probe(url, now=10.9) and health.due_for_probe(url, now=11.0)
+    health.record_failure(url, now=11.0)  # second failure in a row: 2 s
+    assert not health.due_for_probe(url, now=12.9) and health.due_for_probe(url, now=13.0)
+    health.record_failure(url, now=13.0)  # capped at 3 s
+    assert not health.due_for_probe(url, now=15.9) and health.due_for_probe(url, now=16.0)
+    health.record_success(url)
+    assert health.is_healthy(url)
