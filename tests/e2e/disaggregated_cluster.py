@@ -22,6 +22,8 @@ from kvferry.redis_server import RedisServer, free_port
 MODEL_NAME = "llama"  # the served name of the tiny checkpoint (its folder's name)
 LEASE_SECONDS = 2.0
 TRANSFER_TIMEOUT_SECONDS = 1.0
+# Waiting this long lets a router learn of a node's death from its probes (every 2 s by default).
+ROUTER_HEALTH_SECONDS = 3.0
 
 
 class DisaggregatedCluster:

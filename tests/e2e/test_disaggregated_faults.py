@@ -14,7 +14,7 @@ import pytest
 import redis
 from kvferry.engine import LLM, SamplingParams
 
-from tests.e2e.disaggregated_cluster import LEASE_SECONDS, MODEL_NAME, DisaggregatedCluster
+from tests.e2e.disaggregated_cluster import LEASE_SECONDS, MODEL_NAME, ROUTER_HEALTH_SECONDS, DisaggregatedCluster
 
 BLOCK_SIZE = 16
 
@@ -157,3 +157,26 @@ def test_kv_that_arrived_but_was_never_claimed_is_freed_after_the_lease(cluster)
     late = httpx.post(f"{decode}/internal/v1/decode", json={"request_id": "gap-1", "first_token": 1}, timeout=10)
     assert late.status_code == 409
     assert _idle(cluster.stats("prefill-0"))
+
+
+def test_stale_index_entries_of_a_dead_prefill_node_are_never_routed_to(tiny_models):
+    cluster = DisaggregatedCluster(tiny_models["llama"], num_prefill=2)
+    try:
+        index = redis.Redis.from_url(cluster.redis.url)
+        shared = _prompt(12, 96)
+        _complete(cluster, shared, 2)
+        holder = cluster.wait_until(
+            lambda: next((p for p in ("prefill-0", "prefill-1") if index.scard(f"kvf:{MODEL_NAME}:node-blocks:{p}") >= 6), None),
+            5, "the prompt's blocks indexed on the prefill node that computed them",
+        )
+        survivor = "prefill-1" if holder == "prefill-0" else "prefill-0"
+        cluster.kill(holder)
+        assert index.scard(f"kvf:{MODEL_NAME}:node-blocks:{holder}") >= 6  # its entries stay behind, stale
+        time.sleep(ROUTER_HEALTH_SECONDS)  # the router's probe finds the node dead
+        hits = cluster.metric(survivor, "kvferry:prefix_cache_queries_tokens_total")
+        for seed in range(13, 16):  # the same long prefix, which only the dead node's entries point at
+            _complete(cluster, shared + _prompt(seed, 8), 2)
+        assert cluster.metric(survivor, "kvferry:prefix_cache_queries_tokens_total") > hits
+        assert cluster.metric("decode-0", "kvferry:local_prefills_total") == 0  # no call went to the dead node
+    finally:
+        cluster.stop()

@@ -14,11 +14,10 @@ import pytest
 import redis
 from kvferry.engine import LLM, SamplingParams
 
-from tests.e2e.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster
+from tests.e2e.disaggregated_cluster import MODEL_NAME, ROUTER_HEALTH_SECONDS, DisaggregatedCluster
 
 LONG = 1500  # long enough that the stream still runs when the second request arrives, however loaded
 SHORT = 8
-ROUTER_HEALTH_SECONDS = 3.0  # the router probes nodes every 2 s (router config health_interval_seconds)
 
 
 @pytest.fixture
