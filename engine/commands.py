@@ -6,15 +6,18 @@ import argparse
 import json
 import time
 
+from kvferry.engine.model_shapes import SIZES
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     make = subparsers.add_parser("make-model", help="write a small random-weight checkpoint (random text!)")
     make.add_argument("--arch", choices=("llama", "qwen2", "qwen3"), default="llama")
-    make.add_argument("--size", choices=("tiny", "small"), default="tiny")
+    make.add_argument("--size", choices=tuple(SIZES), default="tiny", help="8b-shape: Llama-3.1-8B's shapes")
     make.add_argument("--out", required=True, help="folder to write the Hugging Face checkpoint into")
     make.add_argument("--seed", type=int, default=0)
     make.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
     make.add_argument("--shards", type=int, default=1, help="split the safetensors into this many files")
+    make.add_argument("--device", default="cpu", help="where to draw the weights: cuda makes 8b-shape in seconds")
     make.set_defaults(func=_make_model)
 
     gen = subparsers.add_parser("generate", help="generate offline from a model folder")
@@ -34,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _make_model(args: argparse.Namespace) -> int:
     from kvferry.engine.make_model import make_model
 
-    out = make_model(args.arch, args.size, args.out, args.seed, args.dtype, args.shards)
+    out = make_model(args.arch, args.size, args.out, args.seed, args.dtype, args.shards, args.device)
     print(f"wrote a {args.size} {args.arch} checkpoint with random weights to {out} (it produces random text)")
     return 0
 

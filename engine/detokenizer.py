@@ -33,11 +33,13 @@ class IncrementalDetokenizer:
         self.token_ids.append(token_id)
         prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(self.token_ids[self.prefix_offset :])
-        if len(new_text) <= len(prefix_text) or new_text.endswith(REPLACEMENT_CHAR):
+        if len(new_text) < len(prefix_text) or new_text.endswith(REPLACEMENT_CHAR):
             return None  # an incomplete character: wait for the token that finishes it
         delta = new_text[len(prefix_text) :]
+        # A token with no text of its own (a skipped special token, an id past the tokenizer's vocabulary)
+        # moves the window on too: held back, every later step would decode an ever longer window.
         self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
-        return self._add_text(delta)
+        return self._add_text(delta) if delta else None
 
     def flush(self) -> None:
         """At the end, release whatever is still pending even if it is an incomplete character."""

@@ -18,7 +18,11 @@ class EngineArgs:
     max_num_batched_tokens: int = 2048
     block_size: int = 16
     num_kv_blocks: int | None = None  # default: as many as kv_cache_bytes holds
-    kv_cache_bytes: int = 1 << 30
+    kv_cache_bytes: int | None = None  # default: from gpu_memory_fraction on CUDA, 1 GiB on the CPU
+    # The share of the GPU's total memory this engine may fill, weights, activations and KV pool together
+    # (everything already in use on the GPU, other processes too, counts against it, as in vLLM).
+    gpu_memory_fraction: float = 0.9
+    enforce_eager: bool = False  # True: no CUDA graphs for decode batches
     enable_prefix_caching: bool = True
     served_model_name: str | None = None  # also the prefix-hash salt; default: the folder's name
     seed: int = 0
@@ -29,6 +33,8 @@ class EngineArgs:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0 < self.gpu_memory_fraction <= 1:
+            raise ValueError(f"gpu_memory_fraction must be in (0, 1], got {self.gpu_memory_fraction}")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks must be at least 2, got {self.num_kv_blocks}")
 
@@ -36,6 +42,15 @@ class EngineArgs:
         if self.device == "auto":
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         return torch.device(self.device)
+
+    def cuda_graph_batch_sizes(self) -> list[int]:
+        """Decode batch sizes captured as CUDA graphs; a batch is padded up to the next one. Powers of two up
+        to 8, where padding would waste the largest share, then every 16 up to 128, then every 32."""
+        if self.enforce_eager:
+            return []
+        sizes = [1, 2, 4, 8, *range(16, 129, 16), *range(160, 1025, 32)]
+        capped = [size for size in sizes if size < self.max_num_seqs]
+        return [*capped, self.max_num_seqs]
 
     def resolve_dtype(self, checkpoint_dtype: str, device: torch.device) -> torch.dtype:
         if self.dtype != "auto":

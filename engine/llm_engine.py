@@ -8,9 +8,11 @@ from pathlib import Path
 
 import torch
 from kvferry.engine.block_manager import BlockManager
+from kvferry.engine.cuda_graphs import DecodeGraphs
 from kvferry.engine.detokenizer import IncrementalDetokenizer
 from kvferry.engine.engine_args import EngineArgs
 from kvferry.engine.generation_config import GenerationDefaults
+from kvferry.engine.kv_budget import num_kv_blocks
 from kvferry.engine.model import CausalLM
 from kvferry.engine.model_config import ModelConfig
 from kvferry.engine.model_runner import ModelRunner
@@ -51,7 +53,7 @@ class Request:
             CompletionOutput(
                 index=seq.index,
                 text=seq.detokenizer.visible_text(seq.is_finished),
-                token_ids=list(seq.output_token_ids),
+                token_ids=seq.output_token_ids,  # already a fresh list: copied once, not twice
                 finish_reason=seq.finish_reason,
                 stop_reason=seq.stop_reason,
                 logprobs=None if seq.logprobs is None else list(seq.logprobs),
@@ -86,14 +88,18 @@ class LLMEngine:
             block_size=args.block_size,
             dtype=str(self.dtype).removeprefix("torch."),
         )
-        num_blocks = args.num_kv_blocks or KVPool.blocks_for_budget(self.pool_layout, args.kv_cache_bytes)
+        # Weights first: on CUDA the pool gets what they and the activations leave of the memory budget.
+        model = CausalLM(cfg, load_weights(self.model_dir, cfg, self.dtype, self.device), self.max_model_len)
+        num_blocks = num_kv_blocks(args, model, self.pool_layout, self.device, self.max_model_len)
         self.block_manager = BlockManager(
             BlockAllocator(num_blocks, args.enable_prefix_caching), args.block_size, self.served_model_name
         )
         self._check_pool_holds_one_sequence(num_blocks)
         self.pool = KVPool(self.pool_layout, num_blocks, self.device)
-        weights = load_weights(self.model_dir, cfg, self.dtype, self.device)
-        self.runner = ModelRunner(CausalLM(cfg, weights, self.max_model_len), self.pool, self.device)
+        graphs = None
+        if self.device.type == "cuda" and args.cuda_graph_batch_sizes():
+            graphs = DecodeGraphs(model, self.pool, args.cuda_graph_batch_sizes(), self.block_manager.blocks_for(self.max_model_len))
+        self.runner = ModelRunner(model, self.pool, self.device, graphs)
         self.scheduler = Scheduler(
             SchedulerConfig(args.max_num_seqs, args.max_num_batched_tokens, self.max_model_len), self.block_manager
         )

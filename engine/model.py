@@ -88,20 +88,24 @@ class CausalLM:
         key_cache, value_cache = pool.layer_kv(index)
         kernels.store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
 
-        out = torch.empty_like(q)
         decodes = meta.num_decode_seqs
+        if decodes == q.shape[0]:  # a decode-only batch writes its output in place: no copy kernel a layer
+            out = kernels.paged_decode_attention(
+                q, key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale
+            )
+            return F.linear(out.view(-1, self.q_size), layer.o_proj)
+        out = torch.empty_like(q)
         if decodes:
             out[:decodes] = kernels.paged_decode_attention(
                 q[:decodes], key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale
             )
-        if q.shape[0] > decodes:
-            out[decodes:] = kernels.paged_prefill_attention(
-                q[decodes:],
-                key_cache,
-                value_cache,
-                meta.prefill_block_tables,
-                meta.prefill_context_lens,
-                meta.prefill_query_start_loc,
-                self.scale,
-            )
+        out[decodes:] = kernels.paged_prefill_attention(
+            q[decodes:],
+            key_cache,
+            value_cache,
+            meta.prefill_block_tables,
+            meta.prefill_context_lens,
+            meta.prefill_query_start_loc,
+            self.scale,
+        )
         return F.linear(out.view(-1, self.q_size), layer.o_proj)

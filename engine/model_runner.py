@@ -1,4 +1,8 @@
-"""Turns a scheduled batch into tensors, runs the model over the paged pool, and samples."""
+"""Turns a scheduled batch into tensors, runs the model over the paged pool, and samples.
+
+Decode-only batches replay a CUDA graph when the runner has them (engine/cuda_graphs.py); every other batch,
+and every batch on the CPU, runs the model eagerly.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 from kvferry.engine.attention_metadata import AttentionMetadata
+from kvferry.engine.cuda_graphs import CONTEXT_LEN, POSITION, SLOT, TOKEN, DecodeGraphs
 from kvferry.engine.model import CausalLM
 from kvferry.engine.sampler import SamplerOutput, sample
 from kvferry.engine.scheduler import ScheduledBatch
@@ -24,11 +29,14 @@ class PreparedBatch:
 
 
 class ModelRunner:
-    def __init__(self, model: CausalLM, pool: KVPool, device: torch.device) -> None:
+    def __init__(
+        self, model: CausalLM, pool: KVPool, device: torch.device, graphs: DecodeGraphs | None = None
+    ) -> None:
         self.model = model
         self.pool = pool
         self.device = device
         self.block_size = pool.layout.block_size
+        self.graphs = graphs
 
     def _block_table(self, seqs: list[Sequence]) -> torch.Tensor:
         width = max((len(s.block_ids) for s in seqs), default=0)
@@ -81,9 +89,37 @@ class ModelRunner:
             sampling_seqs=[batch.seqs[i] for i in sampling],
         )
 
+    def _graph_size(self, batch: ScheduledBatch) -> int | None:
+        if self.graphs is None or any(count != 1 for count in batch.num_new_tokens):
+            return None
+        return self.graphs.padded_size(len(batch.seqs))
+
+    def _replay_decode(self, seqs: list[Sequence], size: int) -> torch.Tensor:
+        """Logits [len(seqs), vocab] of a decode-only batch, from the graph of `size` rows."""
+        positions = [seq.num_computed_tokens for seq in seqs]
+        padding = size - len(seqs)
+        step_inputs = torch.empty(4, size, dtype=torch.long)
+        step_inputs[TOKEN] = torch.tensor([seq.token_ids[p] for seq, p in zip(seqs, positions, strict=True)] + [0] * padding)
+        step_inputs[POSITION] = torch.tensor(positions + [0] * padding)
+        slots = [seq.block_ids[p // self.block_size] * self.block_size + p % self.block_size
+                 for seq, p in zip(seqs, positions, strict=True)]  # fmt: skip
+        step_inputs[SLOT] = torch.tensor(slots + [NULL_BLOCK_ID * self.block_size] * padding)
+        step_inputs[CONTEXT_LEN] = torch.tensor([p + 1 for p in positions] + [1] * padding)
+        logits = self.graphs.replay(step_inputs, self._block_table(seqs))  # type: ignore[union-attr]
+        return logits[: len(seqs)]
+
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], SamplerOutput]:
         """Forward the batch; sample one token for each sequence that computed all its known tokens."""
+        graph_size = self._graph_size(batch)
+        if graph_size is not None:
+            logits = self._replay_decode(batch.seqs, graph_size)
+            # A one-token prefill chunk that stops short of the prompt's end samples nothing.
+            rows = [i for i, seq in enumerate(batch.seqs) if seq.num_computed_tokens + 1 == seq.num_tokens]
+            sampling_seqs = [batch.seqs[i] for i in rows]
+            if len(rows) < len(batch.seqs):
+                logits = logits[rows]
+            return sampling_seqs, sample(logits, sampling_seqs)
         prepared = self.prepare(batch)
         hidden = self.model.forward(prepared.input_ids, prepared.positions, prepared.meta, self.pool)
         if not prepared.sampling_seqs:

@@ -25,7 +25,9 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 
 
 class _TensorSource:
-    """Every tensor of the checkpoint by name, converted on read so the full-precision copy is short-lived."""
+    """Every tensor of the checkpoint by name, read straight onto the target device (safetensors maps the
+    file and copies each tensor there; no host copy of the model is ever assembled) and converted there,
+    so a full-precision copy lives only as long as one tensor."""
 
     def __init__(self, model_dir: Path, dtype: torch.dtype, device: torch.device) -> None:
         self.dtype, self.device = dtype, device
@@ -44,7 +46,7 @@ class _TensorSource:
             raise KeyError(f"checkpoint lacks tensor {name!r}")
         path = self.location[name]
         if path not in self._handles:
-            self._handles[path] = safe_open(str(path), framework="pt", device="cpu")
+            self._handles[path] = safe_open(str(path), framework="pt", device=str(self.device))
         tensor = self._handles[path].get_tensor(name)  # type: ignore[attr-defined]
         return tensor.to(device=self.device, dtype=self.dtype)
 

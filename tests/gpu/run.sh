@@ -2,6 +2,10 @@
 # The GPU half of the kernel work, for a machine with one CUDA device (each phase fits a 10-minute call):
 #   bash tests/gpu/run.sh tests   # the kernel tests here (kernels at larger shapes, engine parity with transformers)
 #   bash tests/gpu/run.sh bench   # benchmarks/kernels.py --tune
+#   bash tests/gpu/run.sh serving # engine tests (float32 parity with CUDA graphs, memory fraction), then
+#                                 # benchmarks/gpu_serving.py on an 8B-shaped checkpoint made on the GPU
+#   bash tests/gpu/run.sh disaggregated  # CUDA transfer test, then benchmarks/gpu_disaggregated.py (P and D
+#                                        # processes on the one GPU); needs the ucxx wheels installed
 # Logs and kernels.json go to $OUT when it is set (the device tool's folder that comes back), else to
 # benchmarks/results/.
 set -uo pipefail
@@ -18,11 +22,26 @@ case "${1:-}" in
     timeout 570 "$python" -m pytest tests/gpu/test_cuda_kernels.py tests/gpu/test_cuda_engine_parity.py tests/unit/test_triton_dispatch.py -q -s -p no:cacheprovider \
       --durations=15 2>&1 | tee "$out/gpu_tests.log"
     ;;
+  serving)
+    nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
+    timeout ${TESTS_TIMEOUT:-240} "$python" -m pytest tests/gpu/test_cuda_memory.py tests/gpu/test_cuda_engine_parity.py -q -s \
+      -p no:cacheprovider ${TESTS_FILTER:+-k "$TESTS_FILTER"} --durations=8 2>&1 | tee "$out/gpu_tests.log"
+    timeout ${BENCH_TIMEOUT:-560} "$python" benchmarks/gpu_serving.py --out "$out" --budget-s ${BENCH_BUDGET:-420} \
+      2>&1 | tee "$out/gpu_serving.log"
+    ;;
+  disaggregated)  # needs ucxx: carry .whl (see the device README) and install it before this phase
+    model=/tmp/kvferry-llama-8b-shape
+    timeout 120 "$python" -m pytest tests/gpu/test_transfer_cuda.py -q -p no:cacheprovider 2>&1 | tee "$out/transfer_tests.log"
+    "$python" -c "from kvferry.engine.make_model import make_model; make_model('llama', '8b-shape', '$model', dtype='bfloat16', num_shards=4, device='cuda')"
+    sync
+    timeout ${BENCH_TIMEOUT:-420} "$python" benchmarks/gpu_disaggregated.py --model "$model" --out "$out" 2>&1 \
+      | grep -v "UCX  WARN" | tee "$out/gpu_disaggregated.log"
+    ;;
   bench)
     timeout 570 "$python" benchmarks/kernels.py --tune --out "$out/kernels.json" 2>&1 | tee "$out/bench.log"
     ;;
   *)
-    echo "usage: $0 tests|bench" >&2
+    echo "usage: $0 tests|bench|serving|disaggregated" >&2
     exit 2
     ;;
 esac

@@ -1,6 +1,7 @@
 """The engine on the GPU (Triton kernels) against transformers on the GPU.
 
-float32: greedy output is token-identical to `generate`, in every scheduling mode.
+float32: greedy output is token-identical to `generate`, in every scheduling mode, with decode batches
+replayed from CUDA graphs.
 bfloat16: greedy decoding is chaotic once two logits sit within bfloat16 rounding, so token identity over
 32 steps is not the measure. The rule: transformers scores the engine's own continuation in one teacher-
 forced forward, and at each generated position its top-1 token must be the one the engine picked; the
@@ -29,6 +30,8 @@ MODES = {
     "preempting": {"num_kv_blocks": 40},
 }
 MODELS = [("llama", "tiny"), ("qwen2", "tiny"), ("qwen3", "tiny"), ("llama", "small")]
+# A fixed pool, not a share of the card: an engine a failed test left alive must not starve the next one.
+KV_CACHE_BYTES = 1 << 30
 
 
 def _prompts(vocab_size: int) -> list[list[int]]:
@@ -70,7 +73,8 @@ def float32_references(checkpoints):
 @pytest.mark.parametrize(("arch", "size"), MODELS)
 def test_float32_greedy_is_token_identical(arch, size, mode, checkpoints, float32_references):
     prompts, expected = float32_references[arch, size]
-    llm = LLM(checkpoints[arch, size, "float32"], dtype="float32", device="cuda", max_model_len=512, **MODES[mode])
+    llm = LLM(checkpoints[arch, size, "float32"], dtype="float32", device="cuda", max_model_len=512,
+              kv_cache_bytes=KV_CACHE_BYTES, **MODES[mode])  # fmt: skip
     assert llm.engine.device.type == "cuda"
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=NEW_TOKENS))
     got = [o.outputs[0].token_ids for o in outputs]
@@ -78,6 +82,7 @@ def test_float32_greedy_is_token_identical(arch, size, mode, checkpoints, float3
         assert tokens == want, f"{arch}-{size} {mode}: prompt of {len(prompt)} tokens diverged"
     if mode == "preempting":
         assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.runner.graphs.num_replays > 0, "no decode step ran through a CUDA graph"
 
 
 def _teacher_forced_agreement(model, prompts: list[list[int]], continuations: list[list[int]]) -> float:
@@ -99,7 +104,7 @@ def test_bfloat16_top1_agreement(arch, size, checkpoints):
     model = _hf_model(model_dir, torch.bfloat16)
     prompts = _prompts(model.config.vocab_size)
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
-    llm = LLM(model_dir, dtype="bfloat16", device="cuda", max_model_len=512)
+    llm = LLM(model_dir, dtype="bfloat16", device="cuda", max_model_len=512, kv_cache_bytes=KV_CACHE_BYTES)
     engine_tokens = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
     with torch.no_grad():
         hf_tokens = [

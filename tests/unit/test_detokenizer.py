@@ -58,3 +58,18 @@ def test_earliest_stop_wins_and_holdback_hides_partial_stops():
     visible, detok = _stream(tokenizer, ids, stop=["END", "STOP"])
     assert detok.text == "abc "
     assert all("ST" not in piece for piece in visible)
+
+
+def test_tokens_without_text_do_not_widen_the_decode_window():
+    # Ids past the tokenizer's vocabulary (an 8b-shape checkpoint's random output) decode to nothing; the
+    # window must move past them, or every later step decodes all of them again.
+    tokenizer = _tokenizer()
+    beyond = tokenizer.get_vocab_size()
+    hello = tokenizer.encode("hello world").ids
+    detok = IncrementalDetokenizer(tokenizer, [])
+    for token in range(beyond, beyond + 50):
+        assert detok.append(token) is None
+        assert len(detok.token_ids) - detok.prefix_offset <= 2
+    for token in hello:
+        detok.append(token)
+    assert detok.visible_text(finished=True) == "hello world"

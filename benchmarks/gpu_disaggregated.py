@@ -1,0 +1,189 @@
+"""Disaggregated against colocated serving on one GPU, at engine level: TTFT, TPOT and the transfer's share.
+
+    python benchmarks/gpu_disaggregated.py --model DIR --out DIR   # on a CUDA machine, ucxx installed
+
+Two processes share the card, each with its own KV pool: this one prefills (LLMEngine + TransferEngine +
+KVSender), a child decodes (LLMEngine + TransferEngine + KVReceiver), and the prompt's KV moves between
+their pools through UCX's CUDA transports, as tests/integration/test_disaggregated_engine.py does within
+one process. Requests run one at a time, so each time is the request's own: TTFT is submission to the
+decode process holding the first token with the prompt's KV in place (prefill, reservation round trip,
+transfer, activation); TPOT is the decode process's time per further token. The colocated numbers come
+from the prefill process's engine serving the same requests whole.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+MODEL_NAME = "llama-8b-shape"
+PROMPT_LENGTHS = (1024, 8192)
+MAX_MODEL_LEN = 8192 + 256
+
+
+def _engine(model_dir: str, fraction: float):
+    from kvferry.engine import LLMEngine
+    from kvferry.engine.engine_args import EngineArgs
+
+    args = EngineArgs(dtype="bfloat16", max_model_len=MAX_MODEL_LEN, max_num_seqs=8, max_num_batched_tokens=8192,
+                      gpu_memory_fraction=fraction, enable_prefix_caching=False)  # fmt: skip
+    return LLMEngine(model_dir, args)
+
+
+def decode_process(conn, model_dir: str, registry: str, fraction: float) -> None:
+    """The decode side: reserve blocks, wait for the KV, activate, decode to the end; times on the shared
+    monotonic clock."""
+    from kvferry.engine import SamplingParams
+    from kvferry.transfer import TransferEngine
+    from kvferry.transfer.kv_connector import KVReceiver, pool_description
+
+    engine = _engine(model_dir, fraction)
+    transfer = TransferEngine()
+    transfer.initialize("decode-gpu", registry, "ucx", pool=pool_description(MODEL_NAME, engine.pool))
+    receiver = KVReceiver(transfer, engine.pool, MODEL_NAME, lease_seconds=60)
+    handles = {}
+    conn.send({"ready": True, "pool_blocks": engine.pool.num_blocks})
+    while True:
+        message = conn.recv()
+        if message["cmd"] == "quit":
+            break
+        request_id = message["request_id"]
+        if message["cmd"] == "reserve":
+            params = SamplingParams(temperature=0, max_tokens=message["max_tokens"], ignore_eos=True)
+            reservation = engine.reserve(request_id, {"prompt_token_ids": message["prompt"]}, params)
+            handles[request_id] = receiver.expect(request_id, reservation.block_ids, reservation.first_block)
+            conn.send({"handle": handles[request_id].to_json()})
+            continue
+        handle = handles.pop(request_id)
+        arrived = receiver.wait(handle)
+        receiver.release(handle)
+        engine.activate(request_id, message["first_token"])
+        first_token_at = time.monotonic()
+        tokens = 1
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                tokens = len(output.outputs[0].token_ids)
+        conn.send({"arrived": arrived, "first_token_at": first_token_at, "done_at": time.monotonic(), "tokens": tokens})
+    transfer.close()
+
+
+def _prefill(engine, request_id: str, prompt: list[int]):
+    from kvferry.engine import SamplingParams
+
+    engine.add_request(request_id, {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=1), hold_kv=True)
+    while True:
+        for output in engine.step():
+            if output.finished:
+                return output
+
+
+def disaggregated_request(engine, sender, conn, request_id: str, prompt: list[int], output_len: int) -> dict[str, float]:
+    from kvferry.transfer.kv_connector import DestinationHandle
+
+    started = time.monotonic()
+    first = _prefill(engine, request_id, prompt)
+    prefilled = time.monotonic()
+    conn.send({"cmd": "reserve", "request_id": request_id, "prompt": prompt, "max_tokens": output_len})
+    handle = DestinationHandle.from_json(conn.recv()["handle"])
+    reserved = time.monotonic()
+    sent = sender.send_blocks(request_id, first.kv_block_ids, handle)
+    transferred = time.monotonic()
+    engine.release_kv(request_id)
+    conn.send({"cmd": "activate", "request_id": request_id, "first_token": first.outputs[0].token_ids[0]})
+    decoded = conn.recv()
+    assert decoded["arrived"] and decoded["tokens"] == output_len, decoded
+    ttft = decoded["first_token_at"] - started
+    return {"ttft_ms": 1e3 * ttft, "tpot_ms": 1e3 * (decoded["done_at"] - decoded["first_token_at"]) / (output_len - 1),
+            "prefill_ms": 1e3 * (prefilled - started), "reserve_ms": 1e3 * (reserved - prefilled),
+            "transfer_ms": 1e3 * (transferred - reserved), "transfer_share": (transferred - reserved) / ttft,
+            "kv_bytes": sent}  # fmt: skip
+
+
+def colocated_request(engine, request_id: str, prompt: list[int], output_len: int) -> dict[str, float]:
+    from kvferry.engine import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    started = time.monotonic()
+    engine.add_request(request_id, {"prompt_token_ids": prompt}, params)
+    first_at = None
+    while engine.has_unfinished_requests():
+        if engine.step():
+            first_at = first_at or time.monotonic()
+    done = time.monotonic()
+    return {"ttft_ms": 1e3 * (first_at - started), "tpot_ms": 1e3 * (done - first_at) / (output_len - 1)}
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {"p50": statistics.median(values), "p90": cuts[89], "p99": cuts[98]}
+
+
+def summarize(samples: list[dict[str, float]]) -> dict[str, object]:
+    return {key: percentiles([s[key] for s in samples]) for key in samples[0] if key != "kv_bytes"}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument("--requests", type=int, default=20)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--lengths", default=",".join(map(str, PROMPT_LENGTHS)), help="prompt lengths, comma-separated")
+    args = parser.parse_args()
+    from common import environment
+    from kvferry.transfer import TransferEngine
+    from kvferry.transfer.kv_connector import KVSender, pool_description
+
+    registry = f"file://{tempfile.mkdtemp(prefix='kvferry-registry-')}"
+    prefill = _engine(args.model, 0.42)  # first on the card: the decode process's share counts this one's
+    transfer = TransferEngine()
+    transfer.initialize("prefill-gpu", registry, "ucx", pool=pool_description(MODEL_NAME, prefill.pool))
+    sender = KVSender(transfer, prefill.pool, MODEL_NAME)
+    context = multiprocessing.get_context("spawn")
+    conn, child_conn = context.Pipe()
+    child = context.Process(target=decode_process, args=(child_conn, args.model, registry, 0.88), daemon=True)
+    child.start()
+    ready = conn.recv()
+    sender.handshake("decode-gpu")
+    result: dict[str, object] = {"environment": environment(), "prefill_pool_blocks": prefill.pool.num_blocks,
+                                 "decode_pool_blocks": ready["pool_blocks"], "requests_per_length": args.requests,
+                                 "output_len": args.output_len, "lengths": {}}  # fmt: skip
+    vocab = prefill.model_config.vocab_size
+    rng = random.Random(0)
+    for length in [int(n) for n in args.lengths.split(",")]:
+        prompts = [[rng.randrange(vocab) for _ in range(length)] for _ in range(args.requests + 2)]
+        warm, timed = prompts[:2], prompts[2:]
+        for i, prompt in enumerate(warm):  # compiles this length's prefill shapes in both processes
+            colocated_request(prefill, f"warm-c{length}-{i}", prompt, 4)
+            disaggregated_request(prefill, sender, conn, f"warm-d{length}-{i}", prompt, 4)
+        colocated = [colocated_request(prefill, f"c{length}-{i}", p, args.output_len) for i, p in enumerate(timed)]
+        disaggregated = [disaggregated_request(prefill, sender, conn, f"d{length}-{i}", p, args.output_len)
+                         for i, p in enumerate(timed)]  # fmt: skip
+        entry = {"colocated": summarize(colocated), "disaggregated": summarize(disaggregated),
+                 "kv_bytes_per_request": disaggregated[0]["kv_bytes"]}  # fmt: skip
+        result["lengths"][str(length)] = entry  # type: ignore[index]
+        d, c = entry["disaggregated"], entry["colocated"]
+        print(f"{length}-token prompts: TTFT p50 colocated {c['ttft_ms']['p50']:.1f} ms, disaggregated "
+              f"{d['ttft_ms']['p50']:.1f} ms (transfer {d['transfer_ms']['p50']:.1f} ms = "
+              f"{d['transfer_share']['p50']:.1%} of TTFT, p99 {d['transfer_share']['p99']:.1%}); TPOT p50 "
+              f"{c['tpot_ms']['p50']:.2f} vs {d['tpot_ms']['p50']:.2f} ms", flush=True)  # fmt: skip
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_disaggregated.json").write_text(json.dumps(result, indent=2) + "\n")
+    conn.send({"cmd": "quit"})
+    child.join(timeout=30)
+    transfer.close()
+
+
+if __name__ == "__main__":
+    main()
