@@ -328,3 +328,6 @@ def test_openapi_schema_holds_for_generated_requests(cluster):
             case.call_and_validate(checks=SCHEMA_CHECKS, timeout=60)
 
         conforms()
+    # Generated requests reached the completion routes, valid ones and invalid ones.
+    served = httpx.get(f"{cluster['schema']}/metrics").text
+    assert 'kvferry:router_requests_total{status="200"}' in served and 'kvferry:router_requests_total{status="400"}' in served
