@@ -45,7 +45,10 @@ class LocalCluster:
         if redis_url:
             return redis_url
         if shutil.which("redis-server") is None:
-            print("redis-server not found: nodes find each other through a registry folder instead")
+            print(
+                "redis-server not found: nodes find each other through a registry folder instead, and the router "
+                "routes without the shared prefix index (by load only)"
+            )
             return f"file://{self.workdir / 'registry'}"
         self.redis = RedisServer(self.workdir, log=self.workdir / "redis.log")
         print(f"  redis-server on {self.redis.url}")
@@ -105,7 +108,9 @@ def run_local_cluster(model: str | None, num_prefill: int, num_decode: int, redi
                 name, node_port = f"{role}-{index}", free_port()
                 urls[name] = f"http://127.0.0.1:{node_port}"
                 cluster.spawn(name, [*python, role, "--model", str(model_dir), "--name", name, "--registry", registry, "--port", str(node_port)])
-        router = [*python, "router", "--model", str(model_dir), "--port", str(port)]
+        # The router reads node load from the registry, and the prefix index from Redis when there is one.
+        source = "--redis-url" if registry.startswith("redis://") else "--registry"
+        router = [*python, "router", "--model", str(model_dir), "--port", str(port), source, registry]
         for name, url in urls.items():
             router += ["--prefill" if name.startswith("prefill") else "--decode", url]
         cluster.spawn("router", router)
