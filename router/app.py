@@ -96,7 +96,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
 
     app = FastAPI(title="kvferry router", version="1", lifespan=lifespan)
     app.openapi = lambda: _openapi_without_422(app)  # type: ignore[method-assign]
-    install_error_handlers(app)
+    install_error_handlers(app, on_invalid_body=lambda: metrics.request_done(400))
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     app.add_middleware(APIKeyMiddleware, keys=config.api_keys, metrics_need_auth=config.metrics_need_auth)
     app.state.cluster, app.state.metrics, app.state.service = cluster, metrics, service

@@ -3,6 +3,8 @@ official clients raise their own classes (BadRequestError, AuthenticationError, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -45,7 +47,8 @@ def _describe(error: dict) -> tuple[str, str | None]:
     return f"{'.'.join(location) or 'body'}: {error.get('msg', 'invalid')}", param
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, on_invalid_body: Callable[[], None]) -> None:
+    """`on_invalid_body` counts the requests refused before a handler ran."""
     @app.exception_handler(APIError)
     async def api_error(_: Request, exc: APIError) -> JSONResponse:
         return exc.response()
@@ -55,6 +58,7 @@ def install_error_handlers(app: FastAPI) -> None:
         # OpenAI answers 400 (not FastAPI's 422) to a body that breaks the schema.
         first = exc.errors()[0] if exc.errors() else {}
         message, param = _describe(first)
+        on_invalid_body()
         return APIError(400, message, param=param).response()
 
     @app.exception_handler(StarletteHTTPException)
