@@ -3,6 +3,7 @@ official clients raise their own classes (BadRequestError, AuthenticationError, 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request
@@ -20,6 +21,7 @@ ERROR_TYPES = {
     429: "rate_limit_error",
 }
 RETRY_AFTER_SECONDS = 1
+log = logging.getLogger(__name__)
 
 
 class APIError(Exception):
@@ -60,6 +62,12 @@ def install_error_handlers(app: FastAPI, on_invalid_body: Callable[[], None]) ->
         message, param = _describe(first)
         on_invalid_body()
         return APIError(400, message, param=param).response()
+
+    @app.exception_handler(Exception)
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # A bug must still answer in OpenAI's shape; the traceback goes to the log.
+        log.error("unexpected error", exc_info=exc)
+        return APIError(500, f"internal error: {exc!r}").response()
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
