@@ -26,11 +26,12 @@ class TransferConfig:
     cma_segments_per_progress: int = 1024
     # How often the engine refreshes its registry record (whose TTL is longer).
     heartbeat_seconds: float = 5.0
-    # Small host-memory ranges share scatter-gather messages of at most this many ranges (UCX 1.21
-    # copies those through shared memory in fragments; fewer entries keep its pipeline short).
+    # Tagged messages (reads, and writes involving device memory; host-to-host writes are puts): small
+    # host ranges share scatter-gather messages of at most this many ranges (UCX 1.21 copies those
+    # through shared memory in fragments; fewer entries keep its pipeline short).
     max_ranges_per_message: int = 16
-    # Ranges at least this long travel as their own contiguous message, which UCX moves by zero-copy
-    # rendezvous (a CMA read on one host); below it the per-message cost wins over the extra copy.
+    # Tagged messages: ranges at least this long travel as their own contiguous message, which UCX moves
+    # by zero-copy rendezvous (a CMA read on one host); below it the per-message cost wins over the copy.
     min_zero_copy_bytes: int = 64 * 1024
     # Control receives kept posted, so that several peers can talk at once.
     control_receives: int = 8

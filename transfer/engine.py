@@ -5,11 +5,12 @@
     engine.register_memory(pool.data_ptr(), pool.nbytes)
     engine.batch_transfer_write("decode-1", src_addrs, dst_addrs, lengths)   # 0, or a TransferError
 
-UCX offers no one-sided put through ucxx, so a write is a short exchange on the control tag: the writer
-names the destination ranges, the target checks them against its registered memory (and its write
-guard, which the KV connector uses for leases), posts receives straight into them and answers ready; the
-data then moves as one tagged message per range, zero-copy, and the target confirms with done. Every
-UCX call happens on one loop thread; callers get futures. Every operation has a deadline.
+A write is a short exchange on the control tag: the writer names the destination ranges, the target
+checks them against its registered memory (and its write guard, which the KV connector uses for
+leases) and answers ready with its remote keys; the writer puts every range (one-sided RMA through
+ucp_direct, since ucxx has no put), flushes, says complete, and the target confirms with done. Device
+memory instead moves as tagged messages into receives the target posted. Every UCX call happens on
+one loop thread; callers get futures. Every operation has a deadline.
 """
 
 from __future__ import annotations
