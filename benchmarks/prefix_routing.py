@@ -49,6 +49,7 @@ from kvferry.loadgen.runner import LoadShape, RunResult, run_load  # noqa: E402
 PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "prefix_routing.png"
 POLICIES = ("prefix", "round_robin", "least_load", "default")
 PREFILL_NODES = ("prefill-0", "prefill-1")
+MAX_MODEL_LEN = 1024
 HIT_COUNTER, QUERY_COUNTER = "kvferry:prefix_cache_hits_tokens", "kvferry:prefix_cache_queries_tokens"
 
 
@@ -110,8 +111,9 @@ def ideal_capacity(endpoint: Endpoint, words: TokenWords, workload: Workload, ti
 
 
 def policy_rows(model: Path, words: TokenWords, workload: Workload, args: argparse.Namespace) -> tuple[list[dict], dict, list[RunResult]]:
-    nodes = [NodeSpec("prefill", name, core=core, args=("--num-kv-blocks", str(args.prefill_kv_blocks)))
-             for core, name in enumerate(PREFILL_NODES)]
+    # A pool must hold one whole sequence of max_model_len; the workload's prompts are far shorter.
+    small_pool = ("--num-kv-blocks", str(args.prefill_kv_blocks), "--max-model-len", str(MAX_MODEL_LEN))
+    nodes = [NodeSpec("prefill", name, core=core, args=small_pool) for core, name in enumerate(PREFILL_NODES)]
     nodes.append(NodeSpec("decode", "decode-0"))
     routers = [RouterSpec(policy, ("--policy", policy), with_index=True) for policy in POLICIES]
     rows, results = [], []
@@ -173,7 +175,7 @@ def main() -> None:
     args = parse_args()
     if args.quick:
         args.size, args.groups, args.prompts_per_group, args.system_len = "tiny", 4, 3, 64
-        args.prefill_kv_blocks, args.streams, args.overhead_rounds = 12, 8, 1
+        args.prefill_kv_blocks, args.streams, args.overhead_rounds = 70, 8, 1
     workload = Workload(args.groups, args.prompts_per_group, args.system_len, args.question_len, args.output_len)
     model = cached_model("llama", args.size)
     words = TokenWords(ModelTokenizer(model))
