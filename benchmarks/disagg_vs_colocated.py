@@ -41,18 +41,18 @@ SETUPS = {
     "colocated": [NodeSpec("decode", "decode-0", core=0), NodeSpec("decode", "decode-1", core=1)],
 }
 WARMUP_REQUESTS = 2  # one per node of the colocated setup
-UNLOADED_REQUESTS = 3
+UNLOADED_REQUESTS = 4
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--size", default="small", help="make-model size of the llama checkpoint")
     parser.add_argument("--input-len", type=int, default=512)
-    parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--output-len", type=int, default=16)
     parser.add_argument("--num-prompts", type=int, default=16, help="requests per run")
-    parser.add_argument("--load-factors", default="0.5,0.8", help="offered rates, as fractions of 1 / unloaded TTFT")
+    parser.add_argument("--load-factors", default="0.4,0.7", help="offered rates, as fractions of 1 / unloaded TTFT")
     parser.add_argument("--tpot-slo-factor", type=float, default=1.5, help="TPOT SLO = this x the unloaded TPOT")
-    parser.add_argument("--ttft-slo-factor", type=float, default=4.0, help="TTFT SLO = this x the unloaded TTFT")
+    parser.add_argument("--ttft-slo-factor", type=float, default=5.0, help="TTFT SLO = this x the unloaded TTFT")
     parser.add_argument("--time-limit", type=float, default=600.0, help="seconds per run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny model, 6 requests, one rate")
@@ -89,6 +89,7 @@ def row(setup: str, rate: float, result: RunResult, slo: Slo, load_before: float
         "slo_attainment": round(summary["slo_attainment"], 3), **latency, "output_tok_s": _rounded(summary["output_tok_s"]),
         "completed": summary["completed"], "failed": summary["failed"], "local_prefill_fallbacks": int(fallbacks),
         "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],  # before and after the run
+        "errors": summary["errors"],
     }
 
 

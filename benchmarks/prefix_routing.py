@@ -134,7 +134,7 @@ def policy_rows(model: Path, words: TokenWords, workload: Workload, args: argpar
                 "output_tok_s": round(summary["output_tok_s"], 2), "request_throughput_rps": round(summary["request_throughput_rps"], 3),
                 "hit_rate": round((after[0] - before[0]) / looked_up, 3) if looked_up else None,
                 "completed": summary["completed"], "failed": summary["failed"],
-                "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
+                "load_avg_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)], "errors": summary["errors"],
             })
             results.append(result)
             print(f"  {policy}: {rows[-1]}", flush=True)
