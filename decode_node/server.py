@@ -59,7 +59,7 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         runtime.close()
 
     app = FastAPI(title="kvferry decode node", lifespan=lifespan)
-    add_common_routes(app, runtime)
+    add_common_routes(app, runtime, lambda: {"leases": receiver.open_leases(), "handles": len(handles)})
 
     @app.post(f"{API_PREFIX}/reserve")
     def reserve(body: ReserveRequest) -> ReserveResponse:
@@ -103,11 +103,15 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
 
     @app.post(f"{API_PREFIX}/abort/{{request_id}}")
     def abort(request_id: str) -> dict[str, bool]:
-        metrics.aborts.inc()
         handle = handles.pop(request_id, None)
         if handle is not None:
             receiver.release(handle)
-        runtime.engine.abort(request_id)
-        return {"aborted": True}
+        only_reserved = runtime.engine.run_locked(lambda engine: request_id in engine.reserved)
+        found = runtime.engine.abort(request_id)
+        # A reservation given up (the router falls back, or its client left during prefill) is not a
+        # request that stopped decoding; an abort of something already gone counts as nothing.
+        if found:
+            (metrics.cancelled_reservations if only_reserved else metrics.aborts).inc()
+        return {"aborted": found}
 
     return app

@@ -108,12 +108,14 @@ class AsyncLLMEngine:
             if not finished:
                 self.abort(request_id)
 
-    def abort(self, request_id: str) -> None:
-        """Stop a request; a stream still waiting on it gets its last output (finish_reason "abort")."""
+    def abort(self, request_id: str) -> bool:
+        """Stop a request; a stream still waiting on it gets its last output (finish_reason "abort").
+        False when there was nothing to stop."""
         with self._lock:
             output = self.engine.abort_request(request_id)
             if output is not None:
                 self._deliver(request_id, output)
+            return output is not None
 
     def shutdown(self) -> None:
         with self._lock:

@@ -34,7 +34,8 @@ class NodeMetrics:
         self.transfer_bytes = counter("kvferry:kv_transfer_bytes", "KV bytes sent to decode nodes")
         self.transfer_failures = counter("kvferry:kv_transfer_failures", "KV transfers that failed")
         self.local_prefills = counter("kvferry:local_prefills", "Prompts a decode node prefilled itself")
-        self.aborts = counter("kvferry:aborted_requests", "Requests aborted (client gone, router cancel)")
+        self.aborts = counter("kvferry:aborted_requests", "Running requests aborted (client gone, router cancel)")
+        self.cancelled_reservations = counter("kvferry:cancelled_reservations", "Reserved KV given up before decoding")
         self.transfer_seconds = Histogram(
             "kvferry:kv_transfer_seconds", "Duration of one request's KV transfer", list(labels),
             buckets=LATENCY_BUCKETS, registry=self.registry,

@@ -135,7 +135,11 @@ class NodeRuntime:
         self.transfer.close()
 
 
-def add_common_routes(app: FastAPI, runtime: NodeRuntime) -> None:
+def add_common_routes(
+    app: FastAPI, runtime: NodeRuntime, role_stats: Callable[[], dict[str, object]] = dict
+) -> None:
+    """/health, /ready, /stats (the runtime's, plus what `role_stats` adds) and /metrics."""
+
     @app.get("/health")
     def health() -> JSONResponse:
         if runtime.engine.error is not None:
@@ -148,7 +152,7 @@ def add_common_routes(app: FastAPI, runtime: NodeRuntime) -> None:
 
     @app.get("/stats")
     def stats() -> dict[str, object]:
-        return runtime.stats()
+        return {**runtime.stats(), **role_stats()}
 
     @app.get("/metrics")
     def metrics() -> Response:

@@ -85,11 +85,13 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
 
     @app.post(f"{API_PREFIX}/abort/{{request_id}}")
     async def abort(request_id: str) -> dict[str, bool]:  # on the event loop, like prefill(): no races
-        metrics.aborts.inc()
         if request_id in sending:
             aborted_while_sending.add(request_id)
+            found = True
         else:
-            runtime.engine.abort(request_id)
-        return {"aborted": True}
+            found = runtime.engine.abort(request_id)
+        if found:
+            metrics.aborts.inc()
+        return {"aborted": found}
 
     return app

@@ -145,6 +145,11 @@ class KVReceiver:
         with self._lock:
             self._leases.pop(handle.token, None)
 
+    def open_leases(self) -> int:
+        """Leases waiting for KV or for their claim (a leak check: 0 on an idle node)."""
+        with self._lock:
+            return len(self._leases)
+
     def claim(self, handle: DestinationHandle) -> bool:
         """Take a completed lease's blocks for decoding: True once, and only if every block arrived and
         the lease has not ended. Atomic with expiry, so blocks are either claimed or freed, never both."""

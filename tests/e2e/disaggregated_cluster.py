@@ -26,6 +26,19 @@ TRANSFER_TIMEOUT_SECONDS = 1.0
 ROUTER_HEALTH_SECONDS = 3.0
 
 
+def idle(stats: dict) -> bool:
+    """A node's /stats say it holds nothing: no request, reservation, held KV, block in use or lease."""
+    return (
+        stats["running"] == 0
+        and stats["waiting"] == 0
+        and stats["reserved"] == 0
+        and stats["held_kv"] == 0
+        and stats["blocks"]["in_use"] == 0
+        and stats.get("leases", 0) == 0
+        and stats.get("handles", 0) == 0
+    )
+
+
 class DisaggregatedCluster:
     def __init__(
         self,

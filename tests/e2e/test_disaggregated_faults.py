@@ -19,6 +19,7 @@ from tests.e2e.disaggregated_cluster import (
     MODEL_NAME,
     ROUTER_HEALTH_SECONDS,
     DisaggregatedCluster,
+    idle,
 )
 
 BLOCK_SIZE = 16
@@ -38,21 +39,28 @@ def _greedy(tiny_models, prompt: list[int], max_tokens: int) -> list[int]:
 
 
 def _complete(cluster: DisaggregatedCluster, prompt: list[int], max_tokens: int) -> dict:
-    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    body = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     response = httpx.post(f"{cluster.router}/v1/completions", json=body, timeout=60)
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]
 
 
 def _stream(cluster: DisaggregatedCluster, prompt: list[int], max_tokens: int):
-    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "stream": True}
+    body = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
     return httpx.stream("POST", f"{cluster.router}/v1/completions", json=body, timeout=30)
-
-
-def _idle(stats: dict) -> bool:
-    return stats["running"] == 0 and stats["waiting"] == 0 and stats["reserved"] == 0 and stats["held_kv"] == 0 \
-        and stats["blocks"]["in_use"] == 0
 
 
 def _prompt(seed: int, length: int) -> list[int]:
@@ -65,10 +73,12 @@ def test_client_that_disconnects_is_aborted_on_both_nodes(cluster):
         assert response.status_code == 200
         lines = response.iter_lines()
         assert next(line for line in lines if line).startswith("data: ")
-        cluster.wait_until(lambda: cluster.stats("decode-0")["running"] == 1, 10, "the decode node runs the request")
+        cluster.wait_until(
+            lambda: cluster.stats("decode-0")["running"] == 1, 10, "the decode node runs the request"
+        )
     # Leaving the block closed the connection mid-stream.
-    cluster.wait_until(lambda: _idle(cluster.stats("decode-0")), 10, "decode node idle, its blocks freed")
-    assert _idle(cluster.stats("prefill-0"))
+    cluster.wait_until(lambda: idle(cluster.stats("decode-0")), 10, "decode node idle, its blocks freed")
+    assert idle(cluster.stats("prefill-0"))
     assert cluster.metric("decode-0", "kvferry:aborted_requests_total") == 1
     assert cluster.metric("decode-0", "kvferry:num_requests_running") == 0
 
@@ -82,7 +92,7 @@ def test_prefill_node_killed_falls_back_to_local_prefill_with_the_same_tokens(cl
     other = _prompt(3, 50)
     assert _complete(cluster, other, 8)["token_ids"] == _greedy(tiny_models, other, 8)
     assert cluster.metric("decode-0", "kvferry:local_prefills_total") == 1
-    assert _idle(cluster.stats("decode-0"))
+    assert idle(cluster.stats("decode-0"))
 
 
 def test_decode_node_killed_mid_stream_ends_the_stream_and_the_prefill_node_holds_nothing(cluster):
@@ -100,12 +110,16 @@ def test_decode_node_killed_mid_stream_ends_the_stream_and_the_prefill_node_hold
         broken = False
     except httpx.HTTPError:  # the router cut the stream: also a clear failure to the client
         broken = True
-    assert killed is not None and time.monotonic() - killed < 5, "the stream must end soon after its decode node died"
+    assert killed is not None and time.monotonic() - killed < 5, (
+        "the stream must end soon after its decode node died"
+    )
     chunks = [json.loads(e.removeprefix("data: ")) for e in events if e.startswith("data: {")]
     assert all(c.get("choices", [{}])[0].get("finish_reason") != "length" for c in chunks)
     # Either the stream broke, or it ended with an error event, never as if it completed.
     assert broken or any("error" in c for c in chunks), events[-3:]
-    cluster.wait_until(lambda: _idle(cluster.stats("prefill-0")), LEASE_SECONDS + 2, "prefill node holds no blocks")
+    cluster.wait_until(
+        lambda: idle(cluster.stats("prefill-0")), LEASE_SECONDS + 2, "prefill node holds no blocks"
+    )
 
 
 def test_redis_stopped_mid_run_requests_still_succeed_and_the_index_recovers(cluster, tiny_models):
@@ -113,16 +127,23 @@ def test_redis_stopped_mid_run_requests_still_succeed_and_the_index_recovers(clu
     node_blocks = f"kvf:{MODEL_NAME}:node-blocks:prefill-0"
     first = _prompt(5, 64)
     _complete(cluster, first, 4)
-    cluster.wait_until(lambda: index.scard(node_blocks) >= len(first) // BLOCK_SIZE, 5, "prefill-0's blocks indexed")
+    cluster.wait_until(
+        lambda: index.scard(node_blocks) >= len(first) // BLOCK_SIZE, 5, "prefill-0's blocks indexed"
+    )
     cluster.redis.stop()
     during = _prompt(6, 48)
     assert _complete(cluster, during, 6)["token_ids"] == _greedy(tiny_models, during, 6)
     cluster.restart_redis()  # same port, empty: everything the nodes knew must come back
     index = redis.Redis.from_url(cluster.redis.url)
-    cluster.wait_until(lambda: index.exists("kvf:node:prefill-0") and index.exists("kvf:node:decode-0"), 5,
-                       "both nodes back in the node registry")
+    cluster.wait_until(
+        lambda: index.exists("kvf:node:prefill-0") and index.exists("kvf:node:decode-0"),
+        5,
+        "both nodes back in the node registry",
+    )
     expected_blocks = (len(first) + len(during)) // BLOCK_SIZE
-    cluster.wait_until(lambda: index.scard(node_blocks) >= expected_blocks, 5, "the prefix index resynchronised")
+    cluster.wait_until(
+        lambda: index.scard(node_blocks) >= expected_blocks, 5, "the prefix index resynchronised"
+    )
     assert cluster.stats("prefill-0")["reporter"]["index_failures"] >= 1
     after = _prompt(7, 33)
     assert _complete(cluster, after, 6)["token_ids"] == _greedy(tiny_models, after, 6)
@@ -140,7 +161,9 @@ def test_second_turn_of_a_chat_sends_only_the_blocks_the_decode_node_lacks(clust
     second = first + reply + _prompt(9, 30)  # the next turn: the history, then the new message
     _complete(cluster, second, 4)
     second_bytes = cluster.stats("prefill-0")["transfer"]["bytes_sent"] - sent_before - first_bytes
-    held_blocks = (cluster.metric("decode-0", "kvferry:prefix_cache_hits_tokens_total") - hits_before) / BLOCK_SIZE
+    held_blocks = (
+        cluster.metric("decode-0", "kvferry:prefix_cache_hits_tokens_total") - hits_before
+    ) / BLOCK_SIZE
     assert held_blocks >= len(first) // BLOCK_SIZE  # at least the first prompt's full blocks stayed on D
     assert second_bytes == (math.ceil(len(second) / BLOCK_SIZE) - held_blocks) * block_bytes
     assert second_bytes < first_bytes
@@ -150,18 +173,26 @@ def test_kv_that_arrived_but_was_never_claimed_is_freed_after_the_lease(cluster)
     """A cancel in the gap between P and D (the router gone before it called decode): the decode node
     holds the arrived KV for one more lease, then frees it; a late decode call is refused."""
     decode, prefill = cluster.urls["decode-0"], cluster.urls["prefill-0"]
-    body = {"request_id": "gap-1", "prompt_token_ids": _prompt(10, 45), "sampling": {"max_tokens": 4, "temperature": 0}}
+    body = {
+        "request_id": "gap-1",
+        "prompt_token_ids": _prompt(10, 45),
+        "sampling": {"max_tokens": 4, "temperature": 0},
+    }
     reserve = httpx.post(f"{decode}/internal/v1/reserve", json=body, timeout=10)
     assert reserve.status_code == 200, reserve.text
-    sent = httpx.post(f"{prefill}/internal/v1/prefill", json={**body, "handle": reserve.json()["handle"]}, timeout=10)
+    sent = httpx.post(
+        f"{prefill}/internal/v1/prefill", json={**body, "handle": reserve.json()["handle"]}, timeout=10
+    )
     assert sent.status_code == 200 and sent.json()["kv_bytes"] > 0, sent.text
     assert cluster.stats("decode-0")["reserved"] == 1
     arrived = time.monotonic()
-    cluster.wait_until(lambda: _idle(cluster.stats("decode-0")), LEASE_SECONDS + 2, "the unclaimed KV freed")
+    cluster.wait_until(lambda: idle(cluster.stats("decode-0")), LEASE_SECONDS + 2, "the unclaimed KV freed")
     assert time.monotonic() - arrived >= LEASE_SECONDS * 0.9  # not before the claim window ended
-    late = httpx.post(f"{decode}/internal/v1/decode", json={"request_id": "gap-1", "first_token": 1}, timeout=10)
+    late = httpx.post(
+        f"{decode}/internal/v1/decode", json={"request_id": "gap-1", "first_token": 1}, timeout=10
+    )
     assert late.status_code == 409
-    assert _idle(cluster.stats("prefill-0"))
+    assert idle(cluster.stats("prefill-0"))
 
 
 def test_stale_index_entries_of_a_dead_prefill_node_are_never_routed_to(tiny_models):
@@ -171,8 +202,16 @@ def test_stale_index_entries_of_a_dead_prefill_node_are_never_routed_to(tiny_mod
         shared = _prompt(12, 96)
         _complete(cluster, shared, 2)
         holder = cluster.wait_until(
-            lambda: next((p for p in ("prefill-0", "prefill-1") if index.scard(f"kvf:{MODEL_NAME}:node-blocks:{p}") >= 6), None),
-            5, "the prompt's blocks indexed on the prefill node that computed them",
+            lambda: next(
+                (
+                    p
+                    for p in ("prefill-0", "prefill-1")
+                    if index.scard(f"kvf:{MODEL_NAME}:node-blocks:{p}") >= 6
+                ),
+                None,
+            ),
+            5,
+            "the prompt's blocks indexed on the prefill node that computed them",
         )
         survivor = "prefill-1" if holder == "prefill-0" else "prefill-0"
         cluster.kill(holder)
@@ -182,6 +221,8 @@ def test_stale_index_entries_of_a_dead_prefill_node_are_never_routed_to(tiny_mod
         for seed in range(13, 16):  # the same long prefix, which only the dead node's entries point at
             _complete(cluster, shared + _prompt(seed, 8), 2)
         assert cluster.metric(survivor, "kvferry:prefix_cache_queries_tokens_total") > hits
-        assert cluster.metric("decode-0", "kvferry:local_prefills_total") == 0  # no call went to the dead node
+        assert (
+            cluster.metric("decode-0", "kvferry:local_prefills_total") == 0
+        )  # no call went to the dead node
     finally:
         cluster.stop()
