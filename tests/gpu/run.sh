@@ -6,6 +6,7 @@
 #                                 # benchmarks/gpu_serving.py on an 8B-shaped checkpoint made on the GPU
 #   bash tests/gpu/run.sh disaggregated  # CUDA transfer test, then benchmarks/gpu_disaggregated.py (P and D
 #                                        # processes on the one GPU); needs the ucxx wheels installed
+#   bash tests/gpu/run.sh profile # benchmarks/gpu_decode_profile.py on the same checkpoint
 # Logs and kernels.json go to $OUT when it is set (the device tool's folder that comes back), else to
 # benchmarks/results/.
 set -uo pipefail
@@ -32,16 +33,21 @@ case "${1:-}" in
   disaggregated)  # needs ucxx: carry .whl (see the device README) and install it before this phase
     model=/tmp/kvferry-llama-8b-shape
     timeout 120 "$python" -m pytest tests/gpu/test_transfer_cuda.py -q -p no:cacheprovider 2>&1 | tee "$out/transfer_tests.log"
-    "$python" -c "from kvferry.engine.make_model import make_model; make_model('llama', '8b-shape', '$model', dtype='bfloat16', num_shards=4, device='cuda')"
+    [ -f $model/config.json ] || "$python" -c "from kvferry.engine.make_model import make_model; make_model('llama', '8b-shape', '$model', dtype='bfloat16', num_shards=4, device='cuda')"
     sync
     timeout ${BENCH_TIMEOUT:-420} "$python" benchmarks/gpu_disaggregated.py --model "$model" --out "$out" 2>&1 \
       | grep -v "UCX  WARN" | tee "$out/gpu_disaggregated.log"
+    ;;
+  profile)  # benchmarks/gpu_decode_profile.py: a decode step's kernel time by kind beside its graph replay
+    model=/tmp/kvferry-llama-8b-shape
+    [ -f $model/config.json ] || "$python" -c "from kvferry.engine.make_model import make_model; make_model('llama', '8b-shape', '$model', dtype='bfloat16', num_shards=4, device='cuda')"
+    timeout ${BENCH_TIMEOUT:-300} "$python" benchmarks/gpu_decode_profile.py --model "$model" --out "$out" 2>&1 | tee "$out/gpu_decode_profile.log"
     ;;
   bench)
     timeout 570 "$python" benchmarks/kernels.py --tune --out "$out/kernels.json" 2>&1 | tee "$out/bench.log"
     ;;
   *)
-    echo "usage: $0 tests|bench|serving|disaggregated" >&2
+    echo "usage: $0 tests|bench|serving|disaggregated|profile" >&2
     exit 2
     ;;
 esac

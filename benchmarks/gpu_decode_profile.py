@@ -1,0 +1,78 @@
+"""Where a decode step's GPU time goes: kernel time by kind (matmuls, attention, norms, ...) beside the
+time of the step's CUDA graph replay, at batch 1, 64 and 256.
+
+    python benchmarks/gpu_decode_profile.py --model DIR --out DIR   # on a CUDA machine
+
+Each batch size first serves real requests (8 new tokens each), so the graph buffers hold a real step;
+that step is then replayed (timed with events) and run once eagerly under the profiler. The prompts are
+as long as lets the whole batch into one prefill step (1024 tokens at batch 1, 128 at 64, 32 at 256), so
+every request decodes in the same steps and the last one fills all of the batch's rows (the graphs share
+their buffers: a smaller last step would leave stale rows in the larger graph's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from gpu_serving import graph_replay_ms, prompts, run_kvferry_case  # noqa: E402
+from kvferry.engine import LLMEngine  # noqa: E402
+from kvferry.engine.engine_args import EngineArgs  # noqa: E402
+
+KINDS = (("matmul", ("gemm", "gemv", "cutlass", "nvjet", "sm90", "cublas")), ("attention", ("_decode_",)),
+         ("norm", ("_rms_norm",)), ("rope", ("_rope",)), ("kv store", ("_store_kv",)), ("silu-mul", ("silu",)))  # fmt: skip
+
+
+def kind_of(kernel: str) -> str:
+    lowered = kernel.lower()
+    return next((kind for kind, marks in KINDS if any(mark in lowered for mark in marks)), "other")
+
+
+def profile_step(engine: LLMEngine, size: int) -> dict[str, object]:
+    graphs = engine.runner.graphs
+    graphs._forward(size)  # noqa: SLF001 - the eager twin of the graph, over the same buffers
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        with torch.inference_mode():
+            graphs._forward(size)  # noqa: SLF001
+        torch.cuda.synchronize()
+    by_kind: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    for event in profiler.key_averages():
+        device_us = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
+        if device_us:
+            by_kind[kind_of(event.key)] += device_us / 1e3
+            counts[kind_of(event.key)] += event.count
+    return {"graph_replay_ms": graph_replay_ms(engine, size), "kernel_ms_by_kind": dict(by_kind),
+            "kernels_by_kind": dict(counts), "kernel_ms_total": sum(by_kind.values())}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    args = parser.parse_args()
+    budget = 8192
+    engine = LLMEngine(args.model, EngineArgs(dtype="bfloat16", max_model_len=2048, max_num_seqs=256,
+                                              max_num_batched_tokens=budget))  # fmt: skip
+    vocab = engine.model_config.vocab_size
+    result = {}
+    for size in (1, 64, 256):
+        prompt_len = min(1024, budget // size)
+        run_kvferry_case(engine, prompts(size, prompt_len, vocab, seed=size), 8)
+        result[f"batch {size}"] = {"context_tokens": prompt_len + 7, **profile_step(engine, size)}
+        print(f"batch {size}: {json.dumps(result[f'batch {size}'])}", flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "gpu_decode_profile.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
