@@ -52,7 +52,9 @@ def _discovery(config: RouterConfig, view: RegistryView) -> Discovery:
 
 
 def _generation_responses(model: type) -> dict[int | str, dict[str, Any]]:
-    streamed = {"text/event-stream": {"schema": {"type": "string", "description": "SSE `data:` chunks, then `data: [DONE]`"}}}
+    # One SSE event: `data:` holds a chunk as JSON (an error object after a failure), the last one `[DONE]`.
+    event = {"type": "object", "properties": {"data": {"type": "string"}, "event": {"type": "string"}}, "required": ["data"]}
+    streamed = {"text/event-stream": {"schema": event}}
     return {200: {"model": model, "content": streamed, "description": "The completion, or its SSE stream"}, **ERROR_RESPONSES}
 
 

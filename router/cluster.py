@@ -19,6 +19,9 @@ from kvferry.router.registry_view import RegistryView
 log = logging.getLogger(__name__)
 REGISTRY_REFRESH_SECONDS = 1.0
 PROBE_TIMEOUT_SECONDS = 1.0
+# A node busy enough to miss a probe's deadline is slow, not dead: it is ejected only after this many
+# timeouts in a row (a refused connection or an unhealthy answer ejects at once).
+PROBE_TIMEOUTS_TO_EJECT = 3
 
 
 def _int(value: Any) -> int | None:
@@ -50,6 +53,7 @@ class ClusterState:
         self.health_interval_seconds = health_interval_seconds
         self.client = client
         self.inflight: Counter[str] = Counter()
+        self._probe_timeouts: dict[str, int] = {}  # probes in a row that ran out of time, by node
         self._tasks: list[asyncio.Task] = []
 
     def views(self) -> list[NodeView]:
@@ -96,9 +100,15 @@ class ClusterState:
         try:
             response = await self.client.get(f"{url}/health", timeout=PROBE_TIMEOUT_SECONDS)
             ok = response.status_code == 200
+        except httpx.TimeoutException:
+            self._probe_timeouts[url] = self._probe_timeouts.get(url, 0) + 1
+            if self._probe_timeouts[url] < PROBE_TIMEOUTS_TO_EJECT and self.health.is_healthy(url):
+                return True
+            ok = False
         except httpx.HTTPError:
             ok = False
         if ok:
+            self._probe_timeouts.pop(url, None)
             if not self.health.is_healthy(url):
                 log.info("node %s is healthy again", url)
             self.health.record_success(url)

@@ -43,6 +43,11 @@ def _passed_through(response: httpx.Response, node: str) -> APIError:
     return APIError(502, f"{node} answered {response.status_code}: {_detail(response)}")
 
 
+def local_id(request_id: str) -> str:
+    """The decode node's id for a request it prefills itself after the P/D path failed."""
+    return f"{request_id}-local"
+
+
 class PDFlow:
     def __init__(self, client: httpx.AsyncClient, cluster: ClusterState, metrics: RouterMetrics,
                  prefill_timeout_seconds: float) -> None:
@@ -61,11 +66,14 @@ class PDFlow:
                 first = await self._prefill_remotely(request_id, prompt_ids, sampling, decision)
             elif not decision.colocated:
                 self.metrics.fallback("no_prefill_node")
+            # A local prefill after a failed remote one runs under an id of its own: an abort of the
+            # reservation that is still on its way (queued on a busy node) must not stop it.
+            running_id = request_id if first is not None or decision.prefill is None else local_id(request_id)
             if first is not None:
                 call = self.client.stream("POST", f"{decode.url}{API_PREFIX}/decode", timeout=None,
                                           json={"request_id": request_id, **first})
             else:
-                call = self._generate(decode.url, request_id, prompt_ids, sampling)
+                call = self._generate(decode.url, running_id, prompt_ids, sampling)
             finished = False
             try:
                 async with call as response:
@@ -73,7 +81,8 @@ class PDFlow:
                         # The KV did not arrive in time (lease over): the decode node prefills itself.
                         self.metrics.fallback("kv_not_arrived")
                         await response.aread()
-                        async with self._generate(decode.url, request_id, prompt_ids, sampling) as retry:
+                        running_id = local_id(request_id)
+                        async with self._generate(decode.url, running_id, prompt_ids, sampling) as retry:
                             async for chunk in self._chunks(retry, decode.url):
                                 finished = chunk.get("finish_reason") is not None
                                 yield chunk
@@ -86,7 +95,7 @@ class PDFlow:
                 raise APIError(502, f"decode node {decode.name} failed: {exc!r}") from None
             finally:
                 if not finished:  # the client left, or the stream broke: free what D holds
-                    self._abort_later(decode.url, request_id)
+                    self._abort_later(decode.url, running_id)
 
     def _generate(self, url: str, request_id: str, prompt_ids: list[int], sampling: dict) -> Any:
         body = {"request_id": request_id, "prompt_token_ids": prompt_ids, "sampling": sampling}
@@ -143,7 +152,7 @@ class PDFlow:
         if reason is not None:
             log.warning("prefill of %s on %s failed (%s): %s prefills locally", request_id, prefill.name, reason, decode.name)
             self.metrics.fallback(reason)
-            # Awaited, not later: the same request id is about to start on D, and must not be aborted.
+            # Awaited: the reservation's blocks are free again before the local prefill needs them.
             await self._abort(decode.url, request_id)
             return None
         if response.status_code != 200:

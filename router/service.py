@@ -40,6 +40,7 @@ class SubRequest:
     """One choice: the nodes' stream serves n == 1, so n choices (and each prompt of a batch) go separately."""
 
     choice: int
+    prompt_index: int
     prompt_ids: list[int]
     spec: SamplingSpec
 
@@ -81,7 +82,7 @@ class CompletionService:
         streaming, status = False, 500
         try:
             shape, prompt_lens, subs, context = self._prepare(body)
-            merged = merge_streams([await self._stream(sub) for sub in subs])
+            merged = merge_streams(await self._open_streams(subs))
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
                 first = await until_disconnected(request, self._first(merged))
@@ -148,30 +149,35 @@ class CompletionService:
                 # A seeded request's choices differ from each other and repeat from run to run, as the
                 # engine seeds its own n > 1 sequences (seed + index); unseeded choices must differ too.
                 seed = spec.seed + j if spec.seed is not None else (random.getrandbits(62) if body.n > 1 else None)
-                subs.append(SubRequest(prompt_index * body.n + j, ids, spec.model_copy(update={"seed": seed})))
+                subs.append(SubRequest(prompt_index * body.n + j, prompt_index, ids, spec.model_copy(update={"seed": seed})))
         kind = "chat" if isinstance(body, ChatCompletionRequest) else "completion"
         shape = ResponseShape(kind, f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                               self.model, logprobs, self.encoder.token_text)
         return shape, [len(ids) for ids in prompt_ids], subs, context
 
-    async def _stream(self, sub: SubRequest) -> AsyncIterator[dict]:
-        """Schedule one choice and open its node stream (the nodes are called when it is first read)."""
+    async def _open_streams(self, subs: list[SubRequest]) -> list[AsyncIterator[dict]]:
+        """Schedule each choice (one prefix-index lookup per prompt) and open its node stream (the nodes
+        are called when it is first read)."""
         nodes = self.cluster.views()
         block_size = next((node.block_size for node in nodes if node.block_size), DEFAULT_BLOCK_SIZE)
-        hashes = hash_prompt_blocks(sub.prompt_ids, block_size, model_salt=self.model)
-        cached = await asyncio.to_thread(self.index.cached_prefix_blocks, hashes) if self.index and hashes else {}
-        request = SchedulingRequest(self.model, len(sub.prompt_ids), len(hashes), cached)
-        try:
-            decision = self.scheduler.schedule(request, nodes)
-        except NoNodeAvailable as exc:
-            raise overloaded(503, str(exc)) from None
         policy = self.scheduler.policy.name
-        self.metrics.routed(policy, "decode", decision.decode.name)
-        if decision.prefill is not None:
-            self.metrics.routed(policy, "prefill", decision.prefill.name)
-        self.metrics.prefix(len(sub.prompt_ids), min(decision.cached_blocks * block_size, len(sub.prompt_ids)))
-        request_id = f"{uuid.uuid4().hex}-{sub.choice}"
-        return self.flow.stream(request_id, sub.prompt_ids, sub.spec, decision)
+        lookups: dict[int, SchedulingRequest] = {}
+        streams = []
+        for sub in subs:
+            if sub.prompt_index not in lookups:
+                hashes = hash_prompt_blocks(sub.prompt_ids, block_size, model_salt=self.model)
+                cached = await asyncio.to_thread(self.index.cached_prefix_blocks, hashes) if self.index and hashes else {}
+                lookups[sub.prompt_index] = SchedulingRequest(self.model, len(sub.prompt_ids), len(hashes), cached)
+            try:
+                decision = self.scheduler.schedule(lookups[sub.prompt_index], nodes)
+            except NoNodeAvailable as exc:
+                raise overloaded(503, str(exc)) from None
+            self.metrics.routed(policy, "decode", decision.decode.name)
+            if decision.prefill is not None:
+                self.metrics.routed(policy, "prefill", decision.prefill.name)
+            self.metrics.prefix(len(sub.prompt_ids), min(decision.cached_blocks * block_size, len(sub.prompt_ids)))
+            streams.append(self.flow.stream(f"{uuid.uuid4().hex}-{sub.choice}", sub.prompt_ids, sub.spec, decision))
+        return streams
 
     @staticmethod
     async def _first(merged: AsyncIterator[tuple[int, dict]]) -> tuple[int, dict] | None:
