@@ -7,8 +7,7 @@ colocated engine each new prompt's prefill runs in the same steps as the running
 their time per output token jumps; a disaggregated decode node never prefills. The SLOs come from
 measurement: each setup serves a few requests one at a time first, and the TPOT SLO is a small multiple of
 the slower setup's unloaded TPOT (the TTFT SLO a larger multiple of its unloaded TTFT). The offered rates
-are fractions of one core's prefill capacity (1 / unloaded TTFT). Both clusters stay up for the whole run
-and take turns at each rate, so drift in the machine's other load hits both alike.
+are fractions of one core's prefill capacity (1 / unloaded TTFT). One cluster is up at a time.
 
     .venv/bin/python benchmarks/disagg_vs_colocated.py           # -> benchmarks/results/disagg_vs_colocated.json
     .venv/bin/python benchmarks/disagg_vs_colocated.py --quick   # tiny model, a few requests: a smoke run
@@ -21,7 +20,6 @@ import asyncio
 import os
 import sys
 import tempfile
-from contextlib import ExitStack
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -93,6 +91,12 @@ def row(setup: str, rate: float, result: RunResult, slo: Slo, load_before: float
     }
 
 
+def cluster_of(setup: str, model: Path) -> ServingCluster:
+    nodes = SETUPS[setup]
+    print(f"starting the {setup} cluster: {', '.join(f'{n.name} on core {n.core}' for n in nodes)}", flush=True)
+    return ServingCluster(model, nodes)
+
+
 def main() -> None:
     args = parse_args()
     if args.quick:
@@ -101,26 +105,27 @@ def main() -> None:
     words = TokenWords(ModelTokenizer(model))
     requests = random_requests(words, RandomSpec(args.num_prompts, args.input_len, args.output_len), seed=args.seed)
     load_at_start = os.getloadavg()
-    with ExitStack() as stack:
-        endpoints = {}
-        for setup, nodes in SETUPS.items():
-            print(f"starting the {setup} cluster: {', '.join(f'{n.name} on core {n.core}' for n in nodes)}", flush=True)
-            cluster = stack.enter_context(ServingCluster(model, nodes))
-            endpoints[setup] = Endpoint(cluster.router_url, model.name)
-        base = {setup: unloaded(endpoint, words, args) for setup, endpoint in endpoints.items()}
-        print(f"unloaded, one request at a time: {base}", flush=True)
-        slo = Slo(ttft_s=args.ttft_slo_factor * max(b["ttft_s"] for b in base.values()),
-                  tpot_s=args.tpot_slo_factor * max(b["tpot_s"] for b in base.values()))
-        capacity = 1.0 / max(b["ttft_s"] for b in base.values())
-        rates = [float(f) * capacity for f in args.load_factors.split(",")]
-        print(f"SLO: TTFT {slo.ttft_s:.3f} s, TPOT {slo.tpot_s:.4f} s; rates {[round(r, 3) for r in rates]} requests/s", flush=True)
-        rows, results, labels, series = [], [], [], []
-        for index, rate in enumerate(rates):
-            order = list(endpoints) if index % 2 == 0 else list(reversed(endpoints))  # take turns going first
-            for setup in order:
-                load_before, fallbacks = os.getloadavg()[0], counter_total([endpoints[setup].base_url], FALLBACKS)
-                result = offer(endpoints[setup], requests, LoadShape(rate, None, args.time_limit, args.seed))
-                fallbacks = counter_total([endpoints[setup].base_url], FALLBACKS) - fallbacks
+    # One cluster up at a time: with both up, the idle one's nodes slowed the measured one down (the
+    # disaggregated TTFT doubled), so each setup is started for its unloaded measurement, and again for its runs.
+    base = {}
+    for setup in SETUPS:
+        with cluster_of(setup, model) as cluster:
+            base[setup] = unloaded(Endpoint(cluster.router_url, model.name), words, args)
+    print(f"unloaded, one request at a time: {base}", flush=True)
+    slo = Slo(ttft_s=args.ttft_slo_factor * max(b["ttft_s"] for b in base.values()),
+              tpot_s=args.tpot_slo_factor * max(b["tpot_s"] for b in base.values()))
+    capacity = 1.0 / max(b["ttft_s"] for b in base.values())
+    rates = [float(f) * capacity for f in args.load_factors.split(",")]
+    print(f"SLO: TTFT {slo.ttft_s:.3f} s, TPOT {slo.tpot_s:.4f} s; rates {[round(r, 3) for r in rates]} requests/s", flush=True)
+    rows, results, labels, series = [], [], [], []
+    for setup in SETUPS:
+        with cluster_of(setup, model) as cluster:
+            endpoint = Endpoint(cluster.router_url, model.name)
+            offer(endpoint, requests[:WARMUP_REQUESTS], LoadShape(concurrency=1, time_limit_s=args.time_limit))
+            for rate in rates:
+                load_before, fallbacks = os.getloadavg()[0], counter_total([cluster.router_url], FALLBACKS)
+                result = offer(endpoint, requests, LoadShape(rate, None, args.time_limit, args.seed))
+                fallbacks = counter_total([cluster.router_url], FALLBACKS) - fallbacks
                 rows.append(row(setup, rate, result, slo, load_before, fallbacks))
                 results.append(result)
                 labels.append(f"{setup} @ {rate:.2f}/s")
