@@ -14,10 +14,11 @@ class TransferConfig:
     handshake_timeout_seconds: float = 1.0
     # How long the loop sleeps in epoll when nothing is in flight; bounds the latency of a submit.
     idle_wait_ms: int = 1
-    # While operations wait only for a peer's control reply (no UCP request of ours in flight), the loop
-    # polls first after reply_poll_seconds, then twice as long each time up to reply_poll_max_seconds,
-    # instead of spinning: UCX's shared-memory transports cannot wake an epoll sleeper, and a spinning
-    # target took a core from the writer, whose process does the copying (2-core hosts).
+    # With no UCP request of its own in flight, the loop polls first reply_poll_seconds after the last
+    # activity, then twice as long each time up to reply_poll_max_seconds, and sleeps in epoll once
+    # nothing is awaited: UCX's shared-memory transports cannot wake an epoll sleeper (a reply or a
+    # write came up to idle_wait_ms late), and a spinning target took a core from the writer, whose
+    # process does the copying (2-core hosts).
     reply_poll_seconds: float = 50e-6
     reply_poll_max_seconds: float = 400e-6
     # Segments (512 KiB at most) UCX's CMA transport may copy per worker progress call (its

@@ -216,38 +216,43 @@ class TransferEngine:
         done.result()
 
     @staticmethod
-    def _run_safely(fn: Callable[[], None]) -> None:
+    def _run_safely(fn: Callable[[], object]) -> object:
         # The loop must outlive any one bad command or message; the failing operation reports through
         # its own future where it has one.
         try:
-            fn()
+            return fn()
         except Exception:
             log.exception("transfer engine loop step failed")
+            return None
 
     def _loop(self) -> None:
-        reply_poll = self.config.reply_poll_seconds
+        poll = self.config.reply_poll_seconds
         while not self._closing.is_set():
+            active = not self._commands.empty()
             while not self._commands.empty():
                 self._run_safely(self._commands.get())
-            self._run_safely(self._poll_control)
+            active = bool(self._run_safely(self._poll_control)) or active
             now = time.monotonic()
             for key, op in list(self._outbound.items()):
                 self._poll_outbound(key, op, now)
             for key, op in list(self._inbound.items()):
                 self._poll_inbound(key, op, now)
             operations = [*self._outbound.values(), *self._inbound.values()]
-            if not self._commands.empty() or any(not op.all_completed for op in operations):
+            busy = not self._commands.empty() or any(not op.all_completed for op in operations)
+            if active or busy:
+                poll = self.config.reply_poll_seconds
+            if busy:
                 self.worker.progress()  # our requests in flight move only while this thread progresses
-                reply_poll = self.config.reply_poll_seconds
-            elif operations:
-                # Only a peer's control reply is awaited (the target while the writer puts): poll for it
-                # without taking a core, backing off so that a long wait costs few turns of this loop.
+            elif operations or poll < self.config.reply_poll_max_seconds:
+                # A peer's reply, a message or a command may come next (the target waits while the
+                # writer puts). UCX's shared-memory transports cannot wake an epoll sleeper and a
+                # spinning loop takes a core from the copying process: poll, soon after the last
+                # activity and then half as often each time, so a long wait costs few turns.
                 self.worker.progress()
-                time.sleep(reply_poll)
-                reply_poll = min(2 * reply_poll, self.config.reply_poll_max_seconds)
+                time.sleep(poll)
+                poll = min(2 * poll, self.config.reply_poll_max_seconds)
             else:
                 self.worker.wait_for_events(self.config.idle_wait_ms)
-                reply_poll = self.config.reply_poll_seconds
         for op in list(self._outbound.values()):
             _fail(op, TransferError("transfer engine closed"))
 
@@ -288,7 +293,8 @@ class TransferEngine:
         buffer = bytearray(protocol.CONTROL_BUFFER_BYTES)
         self._control.append((self.worker.recv_any(buffer, protocol.CONTROL_TAG), buffer))
 
-    def _poll_control(self) -> None:
+    def _poll_control(self) -> bool:
+        """Handle the control messages that arrived; True if there were any."""
         pending = []
         for request, buffer in self._control:
             if not request.completed:
@@ -300,9 +306,11 @@ class TransferEngine:
                 except protocol.MalformedMessage as exc:
                     self.stats["malformed_messages"] += 1
                     log.warning("dropped a malformed control message: %s", exc)
+        received = len(pending) < len(self._control)
         self._control = pending
         while len(self._control) < self.config.control_receives and not self._closing.is_set():
             self._post_control_receive()
+        return received
 
     def _handle(self, message: protocol.ControlMessage) -> None:
         log.debug("%s <- %s op %s from %s", self.local_name, message.kind, message.fields.get("op"), message.fields.get("sender"))
