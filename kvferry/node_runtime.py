@@ -140,15 +140,17 @@ def add_common_routes(
 ) -> None:
     """/health, /ready, /stats (the runtime's, plus what `role_stats` adds) and /metrics."""
 
+    # On the event loop, not in the thread pool that blocking routes share: a node whose pool is full
+    # of queued calls must still answer its probes at once.
     @app.get("/health")
-    def health() -> JSONResponse:
+    async def health() -> JSONResponse:
         if runtime.engine.error is not None:
             return JSONResponse({"status": "unhealthy", "error": repr(runtime.engine.error)}, status_code=503)
         return JSONResponse({"status": "ok", "role": runtime.config.role, "model": runtime.model_name})
 
     @app.get("/ready")
-    def ready() -> JSONResponse:
-        return health()
+    async def ready() -> JSONResponse:
+        return await health()
 
     @app.get("/stats")
     def stats() -> dict[str, object]:

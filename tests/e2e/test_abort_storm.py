@@ -1,0 +1,83 @@
+"""An abort storm: 100 concurrent streams through the router, 10 of them closed mid-stream. The other
+90 get every token, the decode node records the 10 aborts, nothing stays held anywhere, and request ids
+can be used again."""
+
+from __future__ import annotations
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.e2e.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster, idle
+
+STREAMS = 100
+ABANDONED = 10
+MAX_TOKENS = 16
+ABANDONED_MAX_TOKENS = 1500  # still running when its client leaves
+
+
+@pytest.fixture
+def cluster(tiny_models):
+    cluster = DisaggregatedCluster(tiny_models["llama"])
+    yield cluster
+    cluster.stop()
+
+
+def _stream(router: str, index: int, abandon: bool, started: threading.Barrier) -> tuple[int, str | None]:
+    """Token count and finish reason of one stream; an abandoned one is closed after its first chunk."""
+    prompt = [(index * 13 + i) % 1000 for i in range(20)]
+    body = {
+        "model": MODEL_NAME,
+        "prompt": prompt,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "max_tokens": ABANDONED_MAX_TOKENS if abandon else MAX_TOKENS,
+        "stream_options": {"include_usage": True},
+    }
+    started.wait(timeout=60)
+    tokens, finish = 0, None
+    with (
+        httpx.Client(timeout=120) as client,
+        client.stream("POST", f"{router}/v1/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            for choice in chunk.get("choices", []):
+                finish = choice.get("finish_reason") or finish
+            if abandon:
+                return -1, None  # leaving the with-blocks closes the socket mid-stream
+    return tokens, finish
+
+
+def test_abort_storm_loses_nothing_and_leaks_nothing(cluster):
+    abandoned = set(range(0, STREAMS, STREAMS // ABANDONED))
+    barrier = threading.Barrier(STREAMS)
+    with ThreadPoolExecutor(STREAMS) as pool:
+        results = list(
+            pool.map(lambda i: _stream(cluster.router, i, i in abandoned, barrier), range(STREAMS))
+        )
+    kept = [result for index, result in enumerate(results) if index not in abandoned]
+    assert kept == [(MAX_TOKENS, "length")] * (STREAMS - ABANDONED), f"logs in {cluster.local.workdir}"
+
+    for node in ("decode-0", "prefill-0"):
+        cluster.wait_until(
+            lambda n=node: idle(cluster.stats(n)), 15, lambda n=node: f"{n} idle: {cluster.stats(n)}"
+        )
+    assert cluster.metric("decode-0", "kvferry:aborted_requests_total") == ABANDONED
+
+    # Request ids are free again once aborted: the same id reserves, aborts and reserves anew.
+    decode = cluster.urls["decode-0"]
+    body = {"request_id": "storm-again", "prompt_token_ids": [1, 2, 3], "sampling": {"max_tokens": 2}}
+    for _ in range(2):
+        assert httpx.post(f"{decode}/internal/v1/reserve", json=body, timeout=10).status_code == 200
+        assert httpx.post(f"{decode}/internal/v1/abort/storm-again", timeout=10).status_code == 200
+    assert idle(cluster.stats("decode-0"))
