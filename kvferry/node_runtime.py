@@ -35,6 +35,8 @@ class NodeConfig:
     num_kv_blocks: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
+    gpu_memory_fraction: float = 0.9
+    kv_cache_bytes: int | None = None
     transfer_timeout_seconds: float = 2.0
     lease_seconds: float = 5.0
 
@@ -49,6 +51,11 @@ def add_node_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (a prefill node on one GPU, decode on another)")
     parser.add_argument("--max-num-seqs", type=int, default=64, help="requests in one batch")
     parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per step (the prefill chunk)")
+    parser.add_argument(
+        "--gpu-memory-fraction", type=float, default=0.9,
+        help="share of the GPU this node may fill (two nodes on one GPU: e.g. 0.45 each)",
+    )
+    parser.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool size (default: from the memory fraction on CUDA, 1 GiB on the CPU)")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--transfer-timeout", type=float, default=2.0, help="seconds before a KV transfer fails")
@@ -60,6 +67,7 @@ def node_config_from(args: argparse.Namespace, role: str) -> NodeConfig:
         role=role, name=args.name, model=args.model, registry=args.registry, host=args.host, port=args.port,
         dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        gpu_memory_fraction=args.gpu_memory_fraction, kv_cache_bytes=args.kv_cache_bytes,
         transfer_timeout_seconds=args.transfer_timeout, lease_seconds=args.lease,
     )
 
@@ -68,6 +76,7 @@ def engine_args_from(config: NodeConfig) -> EngineArgs:
     return EngineArgs(
         dtype=config.dtype, device=config.device, max_model_len=config.max_model_len, num_kv_blocks=config.num_kv_blocks,
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+        gpu_memory_fraction=config.gpu_memory_fraction, kv_cache_bytes=config.kv_cache_bytes,
     )
 
 

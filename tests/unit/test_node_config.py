@@ -23,6 +23,15 @@ def test_each_node_gets_its_own_device_and_batch_limits():
     assert str(prefill.resolve_device()) == "cuda:0" and str(decode.resolve_device()) == "cuda:1"
 
 
+def test_two_nodes_share_one_gpu_by_memory_fraction_or_explicit_pool():
+    prefill = engine_args_from(_config("prefill", "--device", "cuda", "--gpu-memory-fraction", "0.45"))
+    decode = engine_args_from(_config("decode", "--device", "cuda", "--kv-cache-bytes", str(8 << 30)))
+    assert prefill.gpu_memory_fraction == 0.45 and prefill.kv_cache_bytes is None
+    assert decode.kv_cache_bytes == 8 << 30
+    with pytest.raises(ValueError, match="gpu_memory_fraction"):
+        engine_args_from(_config("decode", "--gpu-memory-fraction", "1.5"))
+
+
 def test_defaults_pick_the_device_by_availability():
     args = engine_args_from(_config("decode"))
     assert args.device == "auto" and args.max_num_seqs == 64
