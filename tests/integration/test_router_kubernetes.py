@@ -5,10 +5,15 @@ drop out when deleted; pods of another cluster are never seen."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
+import httpx
 from kvferry.router.config import DiscoverySection
 from kvferry.router.kubernetes_discovery import KubernetesDiscovery
+
+from tests.support.redis_server import free_port
 
 PORT = 8000
 
@@ -56,3 +61,36 @@ def test_pods_of_the_cluster_are_discovered_watched_and_dropped(kube, kube_names
         assert all(gone not in e.url for e in remaining if e.role == "prefill")
     finally:
         discovery.stop()
+
+
+def test_the_router_command_discovers_pods_by_the_selectors_it_is_given(kube, kube_namespace, tiny_models, tmp_path):
+    pods = [pod("c1-prefill-a", "c1", "prefill"), pod("c1-decode-a", "c1", "decode"), pod("c1-decode-b", "c1", "decode")]
+    kube.kubectl(f"--namespace={kube_namespace}", "apply", "-f", "-",
+                 input=json.dumps({"apiVersion": "v1", "kind": "List", "items": pods}))
+    port = free_port()
+    args = [sys.executable, "-m", "kvferry", "router", "--model", str(tiny_models["llama"]), "--port", str(port),
+            "--discovery", "kubernetes", "--kubeconfig", kube.kubeconfig, "--namespace", kube_namespace,
+            "--node-port", "8123", "--prefill-selector", "kvferry.dev/cluster=c1,kvferry.dev/role=prefill",
+            "--decode-selector", "kvferry.dev/role=decode,kvferry.dev/cluster=c1"]
+    with (tmp_path / "router.log").open("w") as log:
+        router = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline, nodes = time.monotonic() + 90, []
+        while time.monotonic() < deadline and len(nodes) < 3:
+            assert router.poll() is None, (tmp_path / "router.log").read_text()
+            try:
+                nodes = httpx.get(f"http://127.0.0.1:{port}/stats", timeout=1).json()["nodes"]
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        assert sorted(n["role"] for n in nodes) == ["decode", "decode", "prefill"], nodes
+        assert all(n["url"].startswith("http://10.244.") and n["url"].endswith(":8123") for n in nodes), nodes
+        # Nothing listens on kwok's pod IPs: the probes eject them, and the router is not ready.
+        deadline = time.monotonic() + 20
+        while httpx.get(f"http://127.0.0.1:{port}/ready").status_code != 503 and time.monotonic() < deadline:
+            time.sleep(0.3)
+        stats = httpx.get(f"http://127.0.0.1:{port}/stats").json()
+        assert [n["healthy"] for n in stats["nodes"]] == [False] * 3, stats
+    finally:
+        router.terminate()
+        router.wait(timeout=15)
