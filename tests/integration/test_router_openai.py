@@ -288,6 +288,18 @@ def test_a_client_that_leaves_during_prefill_aborts_on_both_nodes(cluster, stall
     assert 'kvferry:router_requests_total{status="499"} 1.0' in httpx.get(f"{cluster['stalled']}/metrics").text
 
 
+def test_a_client_that_leaves_mid_stream_stops_every_choice_on_the_decode_node(cluster):
+    decode = cluster["decode-0"]
+    body = {"model": "llama", "prompt": "Go on", "max_tokens": 4000, "n": 16, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", f"{cluster['router']}/v1/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        assert next(lines).startswith("data: ")
+        assert httpx.get(f"{decode}/stats").json()["running"] > 0  # 64k tokens to go: still decoding
+    # Aborted on leaving, long before the 16 x 4000 tokens could have been generated.
+    assert _wait(lambda: httpx.get(f"{decode}/stats").json()["running"] == 0, timeout=2.0)
+    assert httpx.get(f"{decode}/stats").json()["blocks"]["in_use"] == 0
+
+
 def test_api_keys_and_plugins(cluster):
     guarded = cluster["guarded"]
     with pytest.raises(openai.AuthenticationError):
