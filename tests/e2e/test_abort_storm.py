@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from tests.e2e.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster, idle
+from tests.support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster, idle
 
 STREAMS = 100
 ABANDONED = 10

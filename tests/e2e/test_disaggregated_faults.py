@@ -14,7 +14,7 @@ import pytest
 import redis
 from kvferry.engine import LLM, SamplingParams
 
-from tests.e2e.disaggregated_cluster import (
+from tests.support.disaggregated_cluster import (
     LEASE_SECONDS,
     MODEL_NAME,
     ROUTER_HEALTH_SECONDS,

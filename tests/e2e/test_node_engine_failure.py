@@ -14,7 +14,7 @@ import pytest
 import redis
 from kvferry.engine import LLM, SamplingParams
 
-from tests.e2e.disaggregated_cluster import MODEL_NAME, ROUTER_HEALTH_SECONDS, DisaggregatedCluster
+from tests.support.disaggregated_cluster import MODEL_NAME, ROUTER_HEALTH_SECONDS, DisaggregatedCluster
 
 LONG = 1500  # long enough that the stream still runs when the second request arrives, however loaded
 SHORT = 8

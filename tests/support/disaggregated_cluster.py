@@ -1,5 +1,6 @@
-"""A disaggregated cluster of real processes for fault tests: its own redis-server (so a test can stop
-and restart it), prefill and decode nodes with short leases and timeouts, and the router.
+"""A disaggregated cluster of real processes for fault and GPU tests: its own redis-server (so a test
+can stop and restart it) or a registry folder, prefill and decode nodes with short leases and timeouts,
+and the router.
 
 Built on kvferry.local_cluster.LocalCluster (what `kvferry up` runs), with each process addressable
 by name so that a test can kill one.
@@ -47,10 +48,15 @@ class DisaggregatedCluster:
         num_decode: int = 1,
         launchers: dict[str, list[str]] | None = None,
         router_flags: list[str] | None = None,
+        role_flags: dict[str, list[str]] | None = None,
+        use_redis: bool = True,
     ) -> None:
-        """`launchers` replaces `-m kvferry` for the named nodes (a fault-injecting wrapper)."""
+        """`launchers` replaces `-m kvferry` for the named nodes (a fault-injecting wrapper); `role_flags`
+        adds flags to every node of a role; without Redis the nodes share a registry folder and the
+        router routes without the prefix index."""
         self.local = LocalCluster()
-        self.redis = RedisServer(self.local.workdir, log=self.local.workdir / "redis.log")
+        self.redis = RedisServer(self.local.workdir, log=self.local.workdir / "redis.log") if use_redis else None
+        self.registry = self.redis.url if self.redis else f"file://{self.local.workdir / 'registry'}"
         self.urls: dict[str, str] = {}
         launchers = launchers or {}
         python = [sys.executable, "-m", "kvferry"]
@@ -60,8 +66,9 @@ class DisaggregatedCluster:
                 self.urls[name] = f"http://127.0.0.1:{port}"
                 launcher = [sys.executable, *launchers[name]] if name in launchers else python
                 self.local.spawn(name, [
-                    *launcher, role, "--model", str(model_dir), "--name", name, "--registry", self.redis.url,
+                    *launcher, role, "--model", str(model_dir), "--name", name, "--registry", self.registry,
                     "--port", str(port), "--lease", str(LEASE_SECONDS), "--transfer-timeout", str(TRANSFER_TIMEOUT_SECONDS),
+                    *(role_flags or {}).get(role, []),
                 ])
         self.model_dir = model_dir
         try:
@@ -76,7 +83,7 @@ class DisaggregatedCluster:
         port = free_port()
         args = [
             sys.executable, "-m", "kvferry", "router", "--model", str(self.model_dir), "--port", str(port),
-            "--redis-url", self.redis.url, *flags,
+            "--redis-url" if self.redis else "--registry", self.registry, *flags,
         ]
         for node in nodes:
             args += ["--prefill" if node.startswith("prefill") else "--decode", self.urls[node]]
@@ -107,6 +114,7 @@ class DisaggregatedCluster:
         process.wait()
 
     def restart_redis(self) -> None:
+        assert self.redis is not None, "this cluster runs without Redis"
         port = self.redis.port
         self.redis.stop()
         self.redis = RedisServer(self.local.workdir, log=self.local.workdir / "redis-restarted.log", port=port)
@@ -124,4 +132,5 @@ class DisaggregatedCluster:
 
     def stop(self) -> None:
         self.local.stop()
-        self.redis.stop()
+        if self.redis is not None:
+            self.redis.stop()
