@@ -1,10 +1,10 @@
 """kopf handlers: thin wrappers that hand the object to `reconcile` or `refresh_status`.
 
 - create / update (of the spec) / resume (operator start): reconcile, which applies every child.
-- a timer: reconcile again every `resync_s`, which restores children deleted or edited by hand.
 - events of owned Deployments: recompute status only, so readiness shows up as soon as pods change.
-There are no delete handlers, hence no finalizer: owner references let the garbage collector remove
-the children, and a stopped operator never blocks deletion.
+There are no delete handlers and no timers or daemons (kopf guards objects that have those with a
+finalizer), hence no finalizer: owner references let the garbage collector remove the children, and a
+stopped operator never blocks deletion. The periodic resync is resync.py's loop, outside kopf.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ RETRY_BACKOFF_S = 5.0  # transient API errors only; spec errors are never retrie
 
 
 def build_registry(
-    kube: Kube, configuration: Configuration, settings: ReconcileSettings, resync_s: float
+    kube: Kube, configuration: Configuration, settings: ReconcileSettings
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
 
@@ -34,6 +34,7 @@ def build_registry(
         settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
             prefix=GROUP, key="last-handled-configuration"
         )
+        # No handler needs a finalizer; kopf removes one of this name that an older operator added.
         settings.persistence.finalizer = f"{GROUP}/finalizer"
         # The CRD is installed before the operator (chart crds/), so kopf need not watch CRDs and
         # namespaces at runtime, and the operator needs no permission to read them.
@@ -59,9 +60,6 @@ def build_registry(
         id="reconcile-on-update",
         backoff=RETRY_BACKOFF_S,
         registry=registry,
-    )(on_spec)
-    kopf.timer(
-        GROUP, VERSION, PLURAL, id="resync", interval=resync_s, initial_delay=resync_s, registry=registry
     )(on_spec)
 
     @kopf.on.event(

@@ -30,9 +30,11 @@ PLURALS: dict[str, str] = {
 }
 
 
-def collection_path(api_version: str, kind: str, namespace: str) -> str:
+def collection_path(api_version: str, kind: str, namespace: str | None) -> str:
+    """None: the collection across every namespace (list only)."""
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    return f"{prefix}/namespaces/{namespace}/{PLURALS[kind]}"
+    scope = f"/namespaces/{namespace}" if namespace else ""
+    return f"{prefix}{scope}/{PLURALS[kind]}"
 
 
 def object_path(api_version: str, kind: str, namespace: str, name: str) -> str:
@@ -81,7 +83,9 @@ class Kube:
                 return None
             raise
 
-    def list(self, api_version: str, kind: str, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    def list(
+        self, api_version: str, kind: str, namespace: str | None, label_selector: str
+    ) -> list[dict[str, Any]]:
         path = collection_path(api_version, kind, namespace)
         return self.request("GET", path, query=[("labelSelector", label_selector)]).get("items", [])
 

@@ -15,6 +15,7 @@ from kvferry.operator.health import start_health_server
 from kvferry.operator.kube import Kube
 from kvferry.operator.leader import LeaseElector, run_as_leader
 from kvferry.operator.reconcile import ReconcileSettings
+from kvferry.operator.resync import resync_until
 
 logger = logging.getLogger("kvferry.operator")
 
@@ -39,10 +40,16 @@ async def _run_kopf(
 ) -> None:
     import kopf
 
-    registry = build_registry(kube, configuration, config.reconcile, config.resync_s)
+    registry = build_registry(kube, configuration, config.reconcile)
     stop_flag = asyncio.Event()
     loop = asyncio.get_running_loop()
     finished = threading.Event()
+    threading.Thread(
+        target=resync_until,
+        args=(kube, config.namespaces, config.reconcile, config.resync_s, finished),
+        name="resync",
+        daemon=True,
+    ).start()
 
     def forward_lost() -> None:
         # kopf waits on a threading.Event through an executor thread that never returns; an asyncio

@@ -6,15 +6,14 @@ import base64
 import json
 import os
 import ssl
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.cluster.control_plane import ControlPlane, ControlPlaneError, KubeCommandError
 from tests.cluster.fixtures import require_binaries
+from tests.cluster.waiting import wait_until
 
 # Also the tests that start their own ControlPlane rather than use the `kube` fixture.
 pytestmark = pytest.mark.cluster
@@ -38,14 +37,6 @@ spec:
         resources:
           requests: {cpu: 100m, memory: 64Mi}
 """
-
-
-def wait_until(what: str, condition: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:.0f}s")
-        time.sleep(0.5)
 
 
 def names(kube: ControlPlane, kinds: str, namespace: str, selector: str) -> list[str]:

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.cluster.control_plane import ControlPlane
+from tests.cluster.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "charts" / "kvferry" / "crds" / "inferenceclusters.kvferry.dev.yaml"
@@ -28,24 +28,9 @@ CRD = "inferenceclusters.kvferry.dev"
 # Short enough that tests see leader changes and resyncs within seconds.
 TEST_LEASE_DURATION_S = 4.0
 TEST_RESYNC_S = 5.0
-
-
-def wait_until(
-    what: str | Callable[[], str], condition: Callable[[], Any], timeout: float = 60.0, interval: float = 0.5
-) -> Any:
-    """Poll until `condition()` is truthy and return it; fail naming `what` after `timeout` seconds.
-
-    `what` may be a function, so that the failure message describes the state at the deadline.
-    """
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = condition()
-        if last:
-            return last
-        time.sleep(interval)
-    description = what() if callable(what) else what
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {description}; last value: {last!r}")
+# `python -m kvferry` loads the node commands and with them torch: seconds on an idle machine, more than
+# a minute on a loaded one. Tests wait for the start first, so their other deadlines time the operator.
+OPERATOR_START_S = 180.0
 
 
 @dataclass
@@ -82,7 +67,7 @@ class Cluster:
     def status(self, name: str) -> dict[str, Any]:
         return (self.get("inferencecluster", name) or {}).get("status") or {}
 
-    def wait_phase(self, name: str, phase: str, timeout: float = 90.0) -> dict[str, Any]:
+    def wait_phase(self, name: str, phase: str, timeout: float = 120.0) -> dict[str, Any]:
         def reached() -> dict[str, Any] | None:
             body = self.get("inferencecluster", name) or {}
             status = body.get("status") or {}
@@ -108,6 +93,20 @@ class OperatorProcess:
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
+    def wait_started(self) -> None:
+        """Wait until the process talks to the apiserver (its first look at the Lease)."""
+
+        def started() -> bool:
+            assert self.process.poll() is None, f"{self.identity} exited:\n{self.log()}"
+            return "waiting for lease" in self.log()
+
+        wait_until(f"{self.identity} to start", started, OPERATOR_START_S)
+
+    def troubles(self) -> list[str]:
+        """Log lines that report an error, a traceback or a retry kopf scheduled."""
+        signs = ("[ERROR", "Traceback", "will try again")
+        return [line for line in self.log().splitlines() if any(sign in line for sign in signs)]
+
     def kill(self) -> None:
         """SIGKILL, like a node failure: no cleanup, the Lease is not released."""
         self.process.send_signal(signal.SIGKILL)
@@ -123,11 +122,19 @@ class OperatorProcess:
                 self.process.wait()
 
 
+def _crd_established(kube: ControlPlane) -> bool:
+    crd = json.loads(kube.kubectl("get", "crd", CRD, "-o", "json").stdout)
+    conditions = (crd.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+
 @pytest.fixture
 def cluster(kube: ControlPlane, kube_namespace: str) -> Cluster:
     """The test's namespace, with the chart's CRD installed and served (kubectl explain works)."""
     kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CRD_FILE))
-    kube.kubectl("wait", "--for=condition=Established", f"crd/{CRD}", "--timeout=60s")
+    # Not `kubectl wait --for=condition=Established`: it fails at once, instead of waiting, while the new
+    # CRD has no conditions yet, which a loaded apiserver shows for a moment.
+    wait_until("the CRD to be Established", lambda: _crd_established(kube), timeout=60)
     # The OpenAPI document (kubectl explain, --validate=strict) is published a moment after Established.
     wait_until(
         "the CRD's OpenAPI schema",
@@ -158,6 +165,7 @@ def start_operator(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[..., O
         process = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
         operator = OperatorProcess(process, log_path, identity, log)
         started.append(operator)
+        operator.wait_started()
         return operator
 
     yield start

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "inferencecluster.yaml"
 NAME = "tiny"  # metadata.name in the example
@@ -16,3 +19,10 @@ EXPECTED_CHILDREN = {
     "Role": 1,
     "RoleBinding": 1,
 }
+
+
+def example(name: str = NAME) -> dict[str, Any]:
+    """The example as a dict, to edit; another name gives a second cluster beside the first."""
+    manifest = yaml.safe_load(EXAMPLE.read_text())
+    manifest["metadata"]["name"] = name
+    return manifest
