@@ -54,9 +54,9 @@ def plot_runs(path: Path, results: list[RunResult], labels: list[str], slo: Slo,
             rates = [r.shape.request_rate for r in runs]
             summaries = [summarize(r.records, r.duration_s, slo) for r in runs]
             prefix = f"{name} " if name else ""
-            panels[4].plot(rates, [s["goodput_rps"] for s in summaries], marker="o", label=f"{prefix}goodput")
+            (line,) = panels[4].plot(rates, [s["goodput_rps"] for s in summaries], marker="o", label=f"{prefix}goodput")
             panels[4].plot(rates, [s["request_throughput_rps"] for s in summaries], marker="x", linestyle=":",
-                           label=f"{prefix}throughput")
+                           color=line.get_color(), label=f"{prefix}throughput")
         panels[4].set(title="goodput against rate", xlabel="offered requests/s", ylabel="requests/s")
         panels[4].grid(alpha=0.3)
         panels[4].legend(fontsize="small")
