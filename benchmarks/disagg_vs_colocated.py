@@ -68,7 +68,7 @@ def offer(endpoint: Endpoint, requests: list[BenchRequest], shape: LoadShape) ->
 def unloaded(endpoint: Endpoint, words: TokenWords, args: argparse.Namespace) -> dict[str, float]:
     """TTFT and TPOT medians of requests served one at a time, after a warm-up request per node."""
     spec = RandomSpec(WARMUP_REQUESTS + UNLOADED_REQUESTS, args.input_len, args.output_len)
-    requests = random_requests(words, spec, seed=args.seed + 1)  # not the measured prompts: no cache hits later
+    requests = random_requests(words, spec, seed=args.seed + 1000)  # not the measured prompts: no cache hits later
     offer(endpoint, requests[:WARMUP_REQUESTS], LoadShape(concurrency=1, time_limit_s=args.time_limit))
     result = offer(endpoint, requests[WARMUP_REQUESTS:], LoadShape(concurrency=1, time_limit_s=args.time_limit))
     summary = summarize(result.records, result.duration_s, Slo())
@@ -103,10 +103,12 @@ def main() -> None:
         args.size, args.input_len, args.output_len, args.num_prompts, args.load_factors = "tiny", 64, 8, 6, "0.5"
     model = cached_model("llama", args.size)
     words = TokenWords(ModelTokenizer(model))
-    requests = random_requests(words, RandomSpec(args.num_prompts, args.input_len, args.output_len), seed=args.seed)
+    # Prompts of their own for each rate (the same for both setups): a prompt seen before would hit the prefix cache.
+    spec = RandomSpec(args.num_prompts, args.input_len, args.output_len)
+    requests_at = [random_requests(words, spec, seed=args.seed + index) for index in range(len(args.load_factors.split(",")))]
     load_at_start = os.getloadavg()
-    # One cluster up at a time: with both up, the idle one's nodes slowed the measured one down (the
-    # disaggregated TTFT doubled), so each setup is started for its unloaded measurement, and again for its runs.
+    # One cluster up at a time, so that the idle one's processes (heartbeats, probes, reports) take nothing
+    # from the measured one's two cores: each setup is started for its unloaded measurement, and again for its runs.
     base = {}
     for setup in SETUPS:
         with cluster_of(setup, model) as cluster:
@@ -121,8 +123,9 @@ def main() -> None:
     for setup in SETUPS:
         with cluster_of(setup, model) as cluster:
             endpoint = Endpoint(cluster.router_url, model.name)
-            offer(endpoint, requests[:WARMUP_REQUESTS], LoadShape(concurrency=1, time_limit_s=args.time_limit))
-            for rate in rates:
+            warmup = random_requests(words, RandomSpec(WARMUP_REQUESTS, args.input_len, args.output_len), seed=args.seed + 2000)
+            offer(endpoint, warmup, LoadShape(concurrency=1, time_limit_s=args.time_limit))
+            for rate, requests in zip(rates, requests_at, strict=True):
                 load_before, fallbacks = os.getloadavg()[0], counter_total([cluster.router_url], FALLBACKS)
                 result = offer(endpoint, requests, LoadShape(rate, None, args.time_limit, args.seed))
                 fallbacks = counter_total([cluster.router_url], FALLBACKS) - fallbacks
