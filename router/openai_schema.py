@@ -31,7 +31,7 @@ class SamplingFields(BaseModel):
     stop_token_ids: list[int] | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
-    repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
+    repetition_penalty: float | None = Field(None, ge=0.01, le=10.0)  # smaller ones overflow the logits
     ignore_eos: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None

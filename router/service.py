@@ -31,6 +31,7 @@ from kvferry.internal_api import SamplingSpec
 
 DEFAULT_BLOCK_SIZE = 16  # the nodes' default; their records say when they use another
 GREEDY_BELOW_TEMPERATURE = 1e-5
+SMALLEST_TOP_P = 1e-6
 MAX_CHOICES = 64  # prompts x n in one request: each is its own node request
 CLIENT_LEFT = 499  # nginx's status for a client that closed the connection first
 
@@ -52,7 +53,10 @@ def sampling_spec(body: SamplingFields, max_tokens: int, logprobs: int | None) -
     temperature = given(body.temperature, 1.0)
     spec = SamplingSpec(
         # As vLLM does: a temperature this close to 0 is greedy (dividing logits by it overflows).
-        n=1, temperature=0.0 if temperature < GREEDY_BELOW_TEMPERATURE else temperature, top_p=given(body.top_p, 1.0), top_k=given(body.top_k, 0),
+        n=1, temperature=0.0 if temperature < GREEDY_BELOW_TEMPERATURE else temperature,
+        # A top_p this small keeps only the top token either way; smaller ones underflow to 0 in the
+        # sampler's float32 and drop every token.
+        top_p=max(given(body.top_p, 1.0), SMALLEST_TOP_P), top_k=given(body.top_k, 0),
         min_p=given(body.min_p, 0.0), seed=body.seed, presence_penalty=given(body.presence_penalty, 0.0),
         frequency_penalty=given(body.frequency_penalty, 0.0), repetition_penalty=given(body.repetition_penalty, 1.0),
         stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
