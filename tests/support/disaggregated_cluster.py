@@ -112,6 +112,8 @@ class DisaggregatedCluster:
         process = dict(self.local.processes)[name]
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+        # Gone on purpose: starting more processes later must not take its exit for a failure.
+        self.local.processes.remove((name, process))
 
     def restart_redis(self) -> None:
         assert self.redis is not None, "this cluster runs without Redis"

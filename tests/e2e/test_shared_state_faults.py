@@ -1,0 +1,122 @@
+"""Faults of the state routers share: a router killed under load and restarted, two routers over one
+Redis, and a Redis so small that it evicts index keys. Answers stay the greedy ones, and nothing stays
+held on the nodes."""
+
+from __future__ import annotations
+
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import redis
+from kvferry.engine import LLM, SamplingParams
+
+from tests.support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster, idle
+
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def greedy(tiny_models):
+    llm = LLM(tiny_models["llama"], dtype="float32", max_model_len=2048)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+
+    def run(prompts: list[list[int]]) -> list[list[int]]:
+        return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+
+    return run
+
+
+def _prompts(seed: int, count: int, shared_prefix: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    prefix = [rng.randrange(1000) for _ in range(shared_prefix)]
+    return [prefix + [rng.randrange(1000) for _ in range(rng.randint(1, 60))] for _ in range(count)]
+
+
+def _complete(router: str, prompt: list[int]) -> list[int]:
+    body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
+    response = httpx.post(f"{router}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["token_ids"]
+
+
+def test_router_killed_under_load_then_restarted_loses_nothing_after_the_restart(tiny_models, greedy):
+    cluster = DisaggregatedCluster(tiny_models["llama"], num_decode=2)
+    try:
+        long_body = {"model": MODEL_NAME, "prompt": [5] * 30, "max_tokens": 1500, "temperature": 0, "ignore_eos": True,
+                     "stream": True}
+
+        def stream_until_cut() -> bool:
+            try:
+                with httpx.stream("POST", f"{cluster.router}/v1/completions", json=long_body, timeout=30) as response:
+                    for _ in response.iter_lines():
+                        pass
+            except httpx.HTTPError:
+                return True  # cut by the router's death
+            return False
+
+        with ThreadPoolExecutor(6) as pool:
+            cut = [pool.submit(stream_until_cut) for _ in range(6)]
+            cluster.wait_until(lambda: sum(cluster.stats(d)["running"] for d in ("decode-0", "decode-1")) == 6, 20,
+                               "six streams running")
+            cluster.kill("router")
+            assert all(future.result(timeout=10) for future in cut)
+        # The nodes notice their readers are gone and free everything, without any router's help.
+        for node in ("prefill-0", "decode-0", "decode-1"):
+            cluster.wait_until(lambda n=node: idle(cluster.stats(n)), 10, lambda n=node: f"{n}: {cluster.stats(n)}")
+
+        router = cluster.add_router("router-restarted", ["prefill-0", "decode-0", "decode-1"], [])
+        prompts = _prompts(1, 8)
+        with ThreadPoolExecutor(4) as pool:
+            assert list(pool.map(lambda p: _complete(router, p), prompts)) == greedy(prompts)
+    finally:
+        cluster.stop()
+
+
+def test_two_routers_sharing_one_redis_give_the_same_answers(tiny_models, greedy):
+    cluster = DisaggregatedCluster(tiny_models["llama"], num_prefill=2)
+    try:
+        second = cluster.add_router("router-2", ["prefill-0", "prefill-1", "decode-0"], [])
+        prompts = _prompts(2, 12, shared_prefix=48)
+        expected = greedy(prompts)
+        index = redis.Redis.from_url(cluster.redis.url)
+        assert _complete(cluster.router, prompts[0]) == expected[0]
+        warm = cluster.wait_until(
+            lambda: next((p for p in ("prefill-0", "prefill-1") if index.scard(f"kvf:{MODEL_NAME}:node-blocks:{p}") >= 3), None),
+            5, "the shared prefix indexed",
+        )
+        # The other router, which never saw the prefix, sends it where the first one's request cached it.
+        hits = cluster.metric(warm, "kvferry:prefix_cache_hits_tokens_total")
+        assert [_complete(second, p) for p in prompts[1:4]] == expected[1:4]
+        assert cluster.metric(warm, "kvferry:prefix_cache_hits_tokens_total") - hits >= 3 * 48
+        routers = [cluster.router, second]
+        with ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(lambda i: _complete(routers[i % 2], prompts[i]), range(4, len(prompts))))
+        assert answers == expected[4:]
+        for node in ("prefill-0", "prefill-1", "decode-0"):
+            assert idle(cluster.stats(node))
+    finally:
+        cluster.stop()
+
+
+def test_a_redis_that_evicts_index_keys_changes_no_answer(tiny_models, greedy):
+    cluster = DisaggregatedCluster(tiny_models["llama"], num_prefill=2)
+    try:
+        store = redis.Redis.from_url(cluster.redis.url)
+        # Room for a few hundred keys, then least-recently-used keys go: index entries and, between two
+        # heartbeats, node records too.
+        store.config_set("maxmemory-policy", "allkeys-lru")
+        store.config_set("maxmemory", str(store.info("memory")["used_memory"] + 8 * 1024))
+        prompts = _prompts(3, 16, shared_prefix=200)
+        started = time.monotonic()
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda p: _complete(cluster.router, p), prompts))
+        assert answers == greedy(prompts)
+        assert store.info("stats")["evicted_keys"] > 0  # the test did evict
+        assert time.monotonic() - started < 60
+        for node in ("prefill-0", "prefill-1", "decode-0"):
+            assert idle(cluster.stats(node))
+    finally:
+        cluster.stop()
