@@ -3,13 +3,14 @@ the OpenAPI schema clients (and schemathesis) see; the response models document 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 # OpenAI's own bounds; the engine checks the rest again (kvferry.engine.SamplingParams).
 MAX_N = 16
 MAX_LOGPROBS = 20
+MAX_INT32 = 2**31 - 1
 
 
 class StreamOptions(BaseModel):
@@ -24,11 +25,11 @@ class SamplingFields(BaseModel):
     n: int = Field(1, ge=1, le=MAX_N)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)
+    top_k: int | None = Field(None, ge=-1, le=MAX_INT32)  # (beyond any vocabulary; bounded for the sampler's tensors)
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Annotated[int, Field(ge=0, le=MAX_INT32)]] | None = None
     presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, ge=0.01, le=10.0)  # smaller ones overflow the logits

@@ -40,6 +40,9 @@ class PromptEncoder:
         return self.check(self.tokenizer.encode(text, add_special_tokens=False))
 
     def completion(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str) and not prompt:
+            # Refused although the tokenizer would add BOS: an empty prompt is almost always a client bug.
+            raise APIError(400, "the prompt is empty: it must hold at least one character", param="prompt")
         return self.check(self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt))
 
     def check(self, token_ids: list[int]) -> list[int]:
