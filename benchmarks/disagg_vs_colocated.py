@@ -16,7 +16,6 @@ are fractions of one core's prefill capacity (1 / unloaded TTFT). One cluster is
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
 import tempfile
@@ -25,12 +24,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cached_model, environment, print_table, write_results  # noqa: E402
 from kvferry.engine.tokenizer import ModelTokenizer  # noqa: E402
-from serving_cluster import NodeSpec, ServingCluster, counter_total  # noqa: E402
+from serving_cluster import NodeSpec, ServingCluster, counter_total, offer  # noqa: E402
 
 from kvferry.loadgen.client import Endpoint  # noqa: E402
-from kvferry.loadgen.datasets import BenchRequest, RandomSpec, TokenWords, random_requests  # noqa: E402
+from kvferry.loadgen.datasets import RandomSpec, TokenWords, random_requests  # noqa: E402
 from kvferry.loadgen.metrics import Slo, summarize  # noqa: E402
-from kvferry.loadgen.runner import LoadShape, RunResult, run_load  # noqa: E402
+from kvferry.loadgen.runner import LoadShape, RunResult  # noqa: E402
 
 FALLBACKS = "kvferry:local_prefill_fallbacks"  # the router's count of requests a decode node prefilled itself
 PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "disagg_vs_colocated.png"
@@ -55,14 +54,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny model, 6 requests, one rate")
     return parser.parse_args()
-
-
-def offer(endpoint: Endpoint, requests: list[BenchRequest], shape: LoadShape) -> RunResult:
-    result = asyncio.run(run_load(endpoint, requests, shape))
-    failed = [r.error for r in result.records if r.error is not None]
-    if len(failed) == len(result.records):
-        raise RuntimeError(f"every request failed at {shape.label}: {failed[:3]}")
-    return result
 
 
 def unloaded(endpoint: Endpoint, words: TokenWords, args: argparse.Namespace) -> dict[str, float]:

@@ -20,7 +20,6 @@ router, and straight to the decode node's own generate call, in alternating roun
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import statistics
 import sys
@@ -31,11 +30,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cached_model, environment, print_table, write_results  # noqa: E402
 from kvferry.engine.tokenizer import ModelTokenizer  # noqa: E402
-from serving_cluster import NodeSpec, RouterSpec, ServingCluster, counter_total  # noqa: E402
+from serving_cluster import NodeSpec, RouterSpec, ServingCluster, counter_total, offer  # noqa: E402
 
 from kvferry.loadgen.client import Endpoint  # noqa: E402
 from kvferry.loadgen.datasets import (  # noqa: E402
-    BenchRequest,
     RandomSpec,
     SharedPrefixSpec,
     TokenWords,
@@ -44,7 +42,7 @@ from kvferry.loadgen.datasets import (  # noqa: E402
     with_token_ids,
 )
 from kvferry.loadgen.metrics import Slo, summarize  # noqa: E402
-from kvferry.loadgen.runner import LoadShape, RunResult, run_load  # noqa: E402
+from kvferry.loadgen.runner import LoadShape, RunResult  # noqa: E402
 
 PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "prefix_routing.png"
 POLICIES = ("prefix", "round_robin", "least_load", "default")
@@ -81,13 +79,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--time-limit", type=float, default=600.0, help="seconds per run")
     parser.add_argument("--quick", action="store_true", help="tiny model, few requests, one overhead round")
     return parser.parse_args()
-
-
-def offer(endpoint: Endpoint, requests: list[BenchRequest], shape: LoadShape) -> RunResult:
-    result = asyncio.run(run_load(endpoint, requests, shape))
-    if all(r.error is not None for r in result.records):
-        raise RuntimeError(f"every request failed: {sorted({r.error for r in result.records})[:3]}")
-    return result
 
 
 def prefix_counters(node_urls: list[str]) -> tuple[float, float]:

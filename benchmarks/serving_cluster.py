@@ -3,6 +3,7 @@ thread, and one or more routers over them, started and stopped by kvferry.local_
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from dataclasses import dataclass
@@ -11,6 +12,9 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvferry.loadgen.client import Endpoint
+from kvferry.loadgen.datasets import BenchRequest
+from kvferry.loadgen.runner import LoadShape, RunResult, run_load
 from kvferry.local_cluster import LocalCluster
 from kvferry.redis_server import free_port
 
@@ -34,6 +38,14 @@ class RouterSpec:
     args: tuple[str, ...] = ()  # e.g. ("--policy", "prefix")
     nodes: tuple[str, ...] | None = None  # the names of the nodes it routes to; None: all
     with_index: bool = False  # pass the cluster's Redis as --redis-url (the prefix index)
+
+
+def offer(endpoint: Endpoint, requests: list[BenchRequest], shape: LoadShape) -> RunResult:
+    """One bounded run of the load generator; a run in which every request failed stops the benchmark."""
+    result = asyncio.run(run_load(endpoint, requests, shape))
+    if all(r.error is not None for r in result.records):
+        raise RuntimeError(f"every request failed at {shape.label}: {sorted({r.error for r in result.records})[:3]}")
+    return result
 
 
 def counter_total(urls: list[str], name: str) -> float:
