@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from kvferry.redis_server import free_port
 PYTHON = [sys.executable, "-m", "kvferry"]
 # A node pinned to one core of a busy shared machine can take longer than the 2 s default transfer timeout
 # to answer its peer; a transfer that fails there turns a disaggregated request into a local prefill.
+READY_WAIT_SECONDS = 60
 NODE_ARGS = ("--num-kv-blocks", "1024", "--transfer-timeout", "30", "--lease", "60")
 
 
@@ -40,8 +42,22 @@ class RouterSpec:
     with_index: bool = False  # pass the cluster's Redis as --redis-url (the prefix index)
 
 
+def wait_until_ready(url: str) -> None:
+    """A router answers 503 to everything while it has ejected its decode nodes (a starved node can miss its
+    1 s health probe): a run starts once /ready says a decode node is back, or after READY_WAIT_SECONDS."""
+    deadline = time.monotonic() + READY_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+
+
 def offer(endpoint: Endpoint, requests: list[BenchRequest], shape: LoadShape) -> RunResult:
     """One bounded run of the load generator; a run in which every request failed stops the benchmark."""
+    wait_until_ready(endpoint.base_url)
     result = asyncio.run(run_load(endpoint, requests, shape))
     if all(r.error is not None for r in result.records):
         raise RuntimeError(f"every request failed at {shape.label}: {sorted({r.error for r in result.records})[:3]}")
