@@ -109,7 +109,10 @@ class TransferEngine:
         self.worker = UcxWorker({"CMA_TX_QUOTA": str(self.config.cma_segments_per_progress)})
         self.address = self.worker.address
         self._record = record
-        self.publish(**record)
+        try:
+            self.publish(**record)
+        except Exception as exc:  # noqa: BLE001 - a registry that is down now: the heartbeat publishes later
+            log.warning("registry unreachable at start (%s); %s will publish once it answers", exc, local_name)
         threading.Thread(target=self._heartbeat, name=f"kvferry-transfer-heartbeat-{local_name}", daemon=True).start()
         for _ in range(self.config.control_receives):
             self._post_control_receive()

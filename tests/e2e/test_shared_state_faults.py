@@ -120,3 +120,24 @@ def test_a_redis_that_evicts_index_keys_changes_no_answer(tiny_models, greedy):
             assert idle(cluster.stats(node))
     finally:
         cluster.stop()
+
+
+def test_a_cluster_started_while_redis_is_down_serves_and_joins_redis_when_it_comes(tiny_models, greedy):
+    cluster = DisaggregatedCluster(tiny_models["llama"], redis_down_at_start=True)
+    try:
+        prompts = _prompts(4, 4)
+        started = time.monotonic()
+        assert [_complete(cluster.router, p) for p in prompts] == greedy(prompts)
+        assert time.monotonic() - started < 60  # each Redis call gives up within its socket timeout
+        cluster.restart_redis()
+        store = redis.Redis.from_url(cluster.redis.url)
+        cluster.wait_until(lambda: store.exists("kvf:node:prefill-0") and store.exists("kvf:node:decode-0"), 10,
+                           "both nodes registered once Redis is up")
+        cluster.wait_until(lambda: store.scard(f"kvf:{MODEL_NAME}:node-blocks:prefill-0") > 0, 10, "the index filled")
+        local_before = cluster.metric("decode-0", "kvferry:local_prefills_total")
+        more = _prompts(5, 4)
+        assert [_complete(cluster.router, p) for p in more] == greedy(more)
+        # With the registry back, the prefill node finds the decode node: the KV travels again.
+        assert cluster.metric("decode-0", "kvferry:local_prefills_total") == local_before
+    finally:
+        cluster.stop()

@@ -50,12 +50,16 @@ class DisaggregatedCluster:
         router_flags: list[str] | None = None,
         role_flags: dict[str, list[str]] | None = None,
         use_redis: bool = True,
+        redis_down_at_start: bool = False,
     ) -> None:
         """`launchers` replaces `-m kvferry` for the named nodes (a fault-injecting wrapper); `role_flags`
         adds flags to every node of a role; without Redis the nodes share a registry folder and the
-        router routes without the prefix index."""
+        router routes without the prefix index; `redis_down_at_start` starts everything while the Redis
+        they are given is down (`restart_redis` brings it up on its port)."""
         self.local = LocalCluster()
         self.redis = RedisServer(self.local.workdir, log=self.local.workdir / "redis.log") if use_redis else None
+        if self.redis is not None and redis_down_at_start:
+            self.redis.stop()
         self.registry = self.redis.url if self.redis else f"file://{self.local.workdir / 'registry'}"
         self.urls: dict[str, str] = {}
         launchers = launchers or {}
