@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvferry.router.nodes import NodeView, Role
-from kvferry.router.scheduling.filters import FILTERS, Filter
+from kvferry.router.scheduling.filters import FILTERS, Filter, healthy
 from kvferry.router.scheduling.picker import MaxScorePicker
 from kvferry.router.scheduling.policies import Policy, ScorerWeights
 from kvferry.router.scheduling.request import SchedulingRequest
@@ -53,7 +53,13 @@ class Scheduler:
     def _candidates(self, request: SchedulingRequest, nodes: Sequence[NodeView], role: Role) -> list[NodeView]:
         candidates = [node for node in nodes if node.role == role]
         for keep in self.filters:
-            candidates = keep(request, candidates)
+            kept = keep(request, candidates)
+            # Panic routing (as Envoy's panic threshold): with every decode node ejected, a starved but
+            # living one may still serve, where refusing everything certainly does not. Prefill has the
+            # decode node's local prefill to fall back on instead.
+            if not kept and keep is healthy and role == "decode":
+                continue
+            candidates = kept
         return candidates
 
     def _pick(self, request: SchedulingRequest, nodes: list[NodeView], weights: ScorerWeights, role: Role) -> NodeView:

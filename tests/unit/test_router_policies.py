@@ -88,7 +88,15 @@ def test_no_healthy_prefill_node_falls_back_to_the_decode_node_and_no_decode_nod
     decision = Scheduler(POLICIES["default"]).schedule(request(), [prefill("p0", healthy=False), decode("d0")])
     assert (decision.prefill, decision.decode.name, decision.colocated) == (None, "d0", False)
     with pytest.raises(NoNodeAvailable, match="decode"):
-        Scheduler(POLICIES["default"]).schedule(request(), [prefill("p0"), decode("d0", healthy=False)])
+        Scheduler(POLICIES["default"]).schedule(request(), [prefill("p0"), decode("d0", model="other")])
+
+
+def test_with_every_decode_node_ejected_they_are_all_tried_anyway():
+    nodes = [prefill("p0"), decode("d0", healthy=False), decode("d1", healthy=False, model="other"),
+             decode("d2", healthy=False)]
+    assert picks("round_robin", nodes, [request()] * 3) == [("p0", "d0"), ("p0", "d2"), ("p0", "d0")]
+    # One healthy decode node is enough to leave the ejected ones alone.
+    assert picks("round_robin", [*nodes, decode("d3")], [request()] * 2) == [("p0", "d3"), ("p0", "d3")]
 
 
 def test_transfer_cost_prefers_a_prefill_node_on_the_decode_nodes_host():
