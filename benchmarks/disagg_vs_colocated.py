@@ -7,7 +7,8 @@ colocated engine each new prompt's prefill runs in the same steps as the running
 their time per output token jumps; a disaggregated decode node never prefills. The SLOs come from
 measurement: each setup serves a few requests one at a time first, and the TPOT SLO is a small multiple of
 the slower setup's unloaded TPOT (the TTFT SLO a larger multiple of its unloaded TTFT). The offered rates
-are fractions of one core's prefill capacity (1 / unloaded TTFT). One cluster is up at a time.
+are fractions of one core's prefill capacity (1 / unloaded TTFT). One cluster is up at a time, a fresh one
+for each run, in ABBA order.
 
     .venv/bin/python benchmarks/disagg_vs_colocated.py           # -> benchmarks/results/disagg_vs_colocated.json
     .venv/bin/python benchmarks/disagg_vs_colocated.py --quick   # tiny model, a few requests: a smoke run
@@ -111,20 +112,22 @@ def main() -> None:
     rates = [float(f) * capacity for f in args.load_factors.split(",")]
     print(f"SLO: TTFT {slo.ttft_s:.3f} s, TPOT {slo.tpot_s:.4f} s; rates {[round(r, 3) for r in rates]} requests/s", flush=True)
     rows, results, labels, series = [], [], [], []
-    for setup in SETUPS:
-        with cluster_of(setup, model) as cluster:
-            endpoint = Endpoint(cluster.router_url, model.name)
-            warmup = random_requests(words, RandomSpec(WARMUP_REQUESTS, args.input_len, args.output_len), seed=args.seed + 2000)
-            offer(endpoint, warmup, LoadShape(concurrency=1, time_limit_s=args.time_limit))
-            for rate, requests in zip(rates, requests_at, strict=True):
+    # ABBA order (disaggregated, colocated at the first rate; colocated, disaggregated at the second; ...), a fresh
+    # cluster for each run: drift in the machine's other load then falls on both setups alike.
+    for index, (rate, requests) in enumerate(zip(rates, requests_at, strict=True)):
+        for setup in list(SETUPS) if index % 2 == 0 else list(reversed(SETUPS)):
+            with cluster_of(setup, model) as cluster:
+                endpoint = Endpoint(cluster.router_url, model.name)
+                warmup = random_requests(words, RandomSpec(WARMUP_REQUESTS, args.input_len, args.output_len), seed=args.seed + 2000)
+                offer(endpoint, warmup, LoadShape(concurrency=1, time_limit_s=args.time_limit))
                 load_before, fallbacks = os.getloadavg()[0], counter_total([cluster.router_url], FALLBACKS)
                 result = offer(endpoint, requests, LoadShape(rate, None, args.time_limit, args.seed))
                 fallbacks = counter_total([cluster.router_url], FALLBACKS) - fallbacks
-                rows.append(row(setup, rate, result, slo, load_before, fallbacks))
-                results.append(result)
-                labels.append(f"{setup} @ {rate:.2f}/s")
-                series.append(setup)
-                print(f"  {setup} at {rate:.3f}/s: goodput {rows[-1]['goodput_rps']:.3f}/s", flush=True)
+            rows.append(row(setup, rate, result, slo, load_before, fallbacks))
+            results.append(result)
+            labels.append(f"{setup} @ {rate:.2f}/s")
+            series.append(setup)
+            print(f"  {setup} at {rate:.3f}/s: goodput {rows[-1]['goodput_rps']:.3f}/s", flush=True)
     ratios = {}
     for rate in {r["rate_rps"] for r in rows}:
         goodput = {r["setup"]: r["goodput_rps"] for r in rows if r["rate_rps"] == rate}
