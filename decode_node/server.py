@@ -87,7 +87,7 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         activated = time.perf_counter()
         stream = await runtime.engine.activate(body.request_id, body.first_token, body.logprobs)
         return StreamingResponse(
-            ndjson_deltas(_timing_first_decode(stream, metrics, activated), metrics.aborts.inc), media_type="application/x-ndjson"
+            ndjson_deltas(_timing_first_decode(stream, metrics, activated)), media_type="application/x-ndjson"
         )
 
     @app.post(f"{API_PREFIX}/generate")
@@ -99,19 +99,19 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
         metrics.local_prefills.inc()
-        return StreamingResponse(ndjson_deltas(stream, metrics.aborts.inc), media_type="application/x-ndjson")
+        return StreamingResponse(ndjson_deltas(stream), media_type="application/x-ndjson")
 
     @app.post(f"{API_PREFIX}/abort/{{request_id}}")
     def abort(request_id: str) -> dict[str, bool]:
         handle = handles.pop(request_id, None)
         if handle is not None:
             receiver.release(handle)
-        only_reserved = runtime.engine.run_locked(lambda engine: request_id in engine.reserved)
-        found = runtime.engine.abort(request_id)
         # A reservation given up (the router falls back, or its client left during prefill) is not a
-        # request that stopped decoding; an abort of something already gone counts as nothing.
-        if found:
-            (metrics.cancelled_reservations if only_reserved else metrics.aborts).inc()
-        return {"aborted": found}
+        # request that stopped decoding: counted apart. Running requests count as aborts once, in the
+        # engine, whichever comes first: this call or the reader leaving the stream.
+        if runtime.engine.run_locked(lambda engine: engine.cancel_reservation(request_id)):
+            metrics.cancelled_reservations.inc()
+            return {"aborted": True}
+        return {"aborted": runtime.engine.abort(request_id)}
 
     return app

@@ -25,8 +25,10 @@ class EngineDeadError(RuntimeError):
 
 
 class AsyncLLMEngine:
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, on_abort: Callable[[], None] | None = None) -> None:
+        """`on_abort` runs once for each request an abort stopped (a metric), however the abort came."""
         self.engine = engine
+        self._on_abort = on_abort
         self._lock = threading.Condition()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
         self._stopping = False
@@ -113,9 +115,12 @@ class AsyncLLMEngine:
         False when there was nothing to stop."""
         with self._lock:
             output = self.engine.abort_request(request_id)
-            if output is not None:
-                self._deliver(request_id, output)
-            return output is not None
+            if output is None:
+                return False
+            self._deliver(request_id, output)
+        if self._on_abort is not None:
+            self._on_abort()
+        return True
 
     def shutdown(self) -> None:
         with self._lock:

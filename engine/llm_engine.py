@@ -202,12 +202,15 @@ class LLMEngine:
         self._append_token(seq, first_token, logprobs)
         return self._output(request_id)
 
-    def cancel_reservation(self, request_id: str) -> None:
-        """Decode side: the KV never arrived (lease expired, abort): free the reserved blocks."""
+    def cancel_reservation(self, request_id: str) -> bool:
+        """Decode side: the KV never arrived (lease expired, abort): free the reserved blocks. False when
+        nothing was reserved under this id."""
         seq = self.reserved.pop(request_id, None)
-        if seq is not None:
-            self.block_manager.free(seq)
-            self.requests.pop(request_id, None)
+        if seq is None:
+            return False
+        self.block_manager.free(seq)
+        self.requests.pop(request_id, None)
+        return True
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         self.cancel_reservation(request_id)

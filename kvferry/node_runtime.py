@@ -99,7 +99,8 @@ class NodeRuntime:
             model=model, max_model_len=engine.max_model_len, epoch=time.time_ns(),
             pool=pool_description(model, engine.pool), **load_fields(engine), healthy=True,
         )
-        async_engine = AsyncLLMEngine(engine)
+        metrics = NodeMetrics(config.role, config.name)
+        async_engine = AsyncLLMEngine(engine, on_abort=metrics.aborts.inc)
         # The prefix index lives in the registry's Redis; a registry folder (no Redis) has no index.
         redis_url = config.registry if config.registry.startswith(("redis://", "rediss://", "unix://")) else None
         reporter = NodeReporter(
@@ -107,7 +108,7 @@ class NodeRuntime:
             lambda: async_engine.error is None, prefix_index_from(redis_url, model) if redis_url else None,
         )
         reporter.start()
-        return cls(config, async_engine, transfer, reporter, NodeMetrics(config.role, config.name))
+        return cls(config, async_engine, transfer, reporter, metrics)
 
     @property
     def model_name(self) -> str:
@@ -170,11 +171,9 @@ def add_common_routes(
         return Response(runtime.render_metrics(), media_type="text/plain; version=0.0.4")
 
 
-async def ndjson_deltas(stream: AsyncIterator[RequestOutput], on_abandoned: Callable[[], None]) -> AsyncIterator[bytes]:
-    """Cumulative engine outputs -> one JSON line per step with only what is new (n == 1).
-    `on_abandoned` runs when the reader leaves before the last line (the request is aborted then)."""
+async def ndjson_deltas(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[bytes]:
+    """Cumulative engine outputs -> one JSON line per step with only what is new (n == 1)."""
     sent_tokens, sent_text = 0, 0
-    finished = False
     try:
         async for output in stream:
             completion = output.outputs[0]
@@ -185,11 +184,6 @@ async def ndjson_deltas(stream: AsyncIterator[RequestOutput], on_abandoned: Call
                 logprobs=completion.logprobs[sent_tokens:] if completion.logprobs is not None else None,
             )
             sent_tokens, sent_text = len(completion.token_ids), len(completion.text)
-            finished = completion.finish_reason is not None
             yield (chunk.model_dump_json() + "\n").encode()
     except Exception as exc:  # noqa: BLE001 - the stream is already open: report in-band, then end
-        finished = True
         yield (json.dumps({"token_ids": [], "text": "", "finish_reason": "error", "error": str(exc)}) + "\n").encode()
-    finally:
-        if not finished:
-            on_abandoned()

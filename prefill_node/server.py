@@ -85,13 +85,10 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
 
     @app.post(f"{API_PREFIX}/abort/{{request_id}}")
     async def abort(request_id: str) -> dict[str, bool]:  # on the event loop, like prefill(): no races
-        if request_id in sending:
+        if request_id in sending:  # out of the engine already: counted here
             aborted_while_sending.add(request_id)
-            found = True
-        else:
-            found = runtime.engine.abort(request_id)
-        if found:
             metrics.aborts.inc()
-        return {"aborted": found}
+            return {"aborted": True}
+        return {"aborted": runtime.engine.abort(request_id)}
 
     return app
