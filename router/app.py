@@ -77,7 +77,8 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     metrics = RouterMetrics()
     client = httpx.AsyncClient(limits=NODE_CLIENT_LIMITS, timeout=httpx.Timeout(60.0, connect=2.0))
     view = RegistryView(registry_from(config.registry_url) if config.registry_url else None, config.stale_record_seconds)
-    cluster = ClusterState(discovery or _discovery(config, view), view, HealthTracker(), config.health_interval_seconds, client)
+    cluster = ClusterState(discovery or _discovery(config, view), view, HealthTracker(), config.health_interval_seconds, client,
+                           config.probe_timeout_seconds)
     if index is None and config.redis.url:
         index = prefix_index_from(config.redis.url, model)
     encoder = PromptEncoder(config.model.path, ModelLimits.from_dir(config.model.path, config.model.max_model_len))

@@ -18,7 +18,6 @@ from kvferry.router.registry_view import RegistryView
 
 log = logging.getLogger(__name__)
 REGISTRY_REFRESH_SECONDS = 1.0
-PROBE_TIMEOUT_SECONDS = 1.0
 # A node busy enough to miss a probe's deadline is slow, not dead: it is ejected only after this many
 # timeouts in a row (a refused connection or an unhealthy answer ejects at once).
 PROBE_TIMEOUTS_TO_EJECT = 3
@@ -48,9 +47,10 @@ def node_view(endpoint: Endpoint, entry: tuple[str, dict[str, Any]] | None, heal
 
 class ClusterState:
     def __init__(self, discovery: Discovery, registry: RegistryView, health: HealthTracker,
-                 health_interval_seconds: float, client: httpx.AsyncClient) -> None:
+                 health_interval_seconds: float, client: httpx.AsyncClient, probe_timeout_seconds: float = 1.0) -> None:
         self.discovery, self.registry, self.health = discovery, registry, health
         self.health_interval_seconds = health_interval_seconds
+        self.probe_timeout_seconds = probe_timeout_seconds
         self.client = client
         self.inflight: Counter[str] = Counter()
         self._probe_timeouts: dict[str, int] = {}  # probes in a row that ran out of time, by node
@@ -98,7 +98,7 @@ class ClusterState:
 
     async def probe_one(self, url: str) -> bool:
         try:
-            response = await self.client.get(f"{url}/health", timeout=PROBE_TIMEOUT_SECONDS)
+            response = await self.client.get(f"{url}/health", timeout=self.probe_timeout_seconds)
             ok = response.status_code == 200
         except httpx.TimeoutException:
             self._probe_timeouts[url] = self._probe_timeouts.get(url, 0) + 1

@@ -64,6 +64,8 @@ class RouterConfig(_Section):
     max_body_bytes: int = Field(1 << 20, ge=1024)
     default_max_tokens: int | None = None  # chat without max_tokens: default the rest of the context
     health_interval_seconds: float = Field(2.0, gt=0)
+    # A node's /health answers at once unless its machine is starved; raise it on an overloaded host.
+    probe_timeout_seconds: float = Field(1.0, gt=0)
     stale_record_seconds: float = Field(15.0, gt=0)  # three missed heartbeats: the node is dead
     prefill_timeout_seconds: float = Field(60.0, gt=0)
     # Read by the nodes from the operator's cluster.json, not by the router.
