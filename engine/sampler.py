@@ -46,15 +46,18 @@ def _filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     logits = logits / temperatures[:, None]
     sorted_logits, sorted_ids = logits.sort(dim=-1, descending=True)
     vocab = logits.shape[1]
-    top_k = torch.tensor([s.params.top_k if s.params.top_k > 0 else vocab for s in seqs], device=device)
+    # Capped at the vocabulary: a top_k beyond int64 would not even fit the tensor.
+    top_k = torch.tensor([min(s.params.top_k, vocab) if s.params.top_k > 0 else vocab for s in seqs], device=device)
     top_p = torch.tensor([s.params.top_p for s in seqs], device=device)
     min_p = torch.tensor([s.params.min_p for s in seqs], device=device)
     ranks = torch.arange(vocab, device=device)[None, :]
     sorted_probs = sorted_logits.softmax(dim=-1)
-    # Keep a token while the mass before it is below top_p: the first token always survives.
+    # Keep a token while the mass before it is below top_p.
     mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
     drop = (ranks >= top_k[:, None]) | (mass_before >= top_p[:, None])
     drop |= sorted_probs < min_p[:, None] * sorted_probs[:, :1]
+    # A top_p below float32's range rounds to 0 and would drop the top token too: it always stays.
+    drop[:, 0] = False
     sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
     filtered = torch.full_like(logits, float("-inf")).scatter_(1, sorted_ids, sorted_logits)
     return filtered.softmax(dim=-1)

@@ -21,6 +21,17 @@ def test_top_k_one_equals_greedy(tiny_models, make_llm):
     assert [o.outputs[0].token_ids for o in top1] == [o.outputs[0].token_ids for o in greedy]
 
 
+def test_extreme_top_k_and_top_p_are_greedy_and_keep_the_engine_alive(tiny_models, make_llm):
+    """Found by schemathesis through the router: a top_k beyond int64 killed the engine, and a top_p
+    below float32's range dropped every token."""
+    llm = make_llm(tiny_models["qwen2"], max_model_len=256)
+    greedy = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+    for extreme in (SamplingParams(temperature=0.8, top_p=1e-300, max_tokens=8, ignore_eos=True),
+                    SamplingParams(temperature=0.8, top_k=2**70, top_p=1e-300, max_tokens=8, ignore_eos=True)):
+        outputs = llm.generate(PROMPTS, extreme)
+        assert [o.outputs[0].token_ids for o in outputs] == [o.outputs[0].token_ids for o in greedy]
+
+
 def test_stop_string_ends_the_text_exactly_before_it(tiny_models, make_llm):
     llm = make_llm(tiny_models["llama"], max_model_len=256)
     free_run = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))[0].outputs[0]
