@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvferry.node_runtime import add_node_arguments, node_config_from
+from kvferry.node_config import add_node_arguments, node_config_from
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

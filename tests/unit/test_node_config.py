@@ -6,7 +6,8 @@ import argparse
 
 import pytest
 
-from kvferry.node_runtime import add_node_arguments, engine_args_from, node_config_from
+from kvferry.node_config import add_node_arguments, node_config_from
+from kvferry.node_runtime import engine_args_from
 
 
 def _config(role: str, *flags: str):
