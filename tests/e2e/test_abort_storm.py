@@ -70,7 +70,7 @@ def test_abort_storm_loses_nothing_and_leaks_nothing(cluster):
 
     for node in ("decode-0", "prefill-0"):
         cluster.wait_until(
-            lambda n=node: idle(cluster.stats(n)), 15, lambda n=node: f"{n} idle: {cluster.stats(n)}"
+            lambda n=node: idle(cluster.stats(n)), 30, lambda n=node: f"{n} idle: {cluster.stats(n)}"
         )
     assert cluster.metric("decode-0", "kvferry:aborted_requests_total") == ABANDONED
 

@@ -17,7 +17,6 @@ from kvferry.engine import LLM, SamplingParams
 from tests.support.disaggregated_cluster import (
     LEASE_SECONDS,
     MODEL_NAME,
-    ROUTER_HEALTH_SECONDS,
     DisaggregatedCluster,
     idle,
 )
@@ -74,10 +73,10 @@ def test_client_that_disconnects_is_aborted_on_both_nodes(cluster):
         lines = response.iter_lines()
         assert next(line for line in lines if line).startswith("data: ")
         cluster.wait_until(
-            lambda: cluster.stats("decode-0")["running"] == 1, 10, "the decode node runs the request"
+            lambda: cluster.stats("decode-0")["running"] == 1, 30, "the decode node runs the request"
         )
     # Leaving the block closed the connection mid-stream.
-    cluster.wait_until(lambda: idle(cluster.stats("decode-0")), 10, "decode node idle, its blocks freed")
+    cluster.wait_until(lambda: idle(cluster.stats("decode-0")), 30, "decode node idle, its blocks freed")
     assert idle(cluster.stats("prefill-0"))
     assert cluster.metric("decode-0", "kvferry:aborted_requests_total") == 1
     assert cluster.metric("decode-0", "kvferry:num_requests_running") == 0
@@ -110,7 +109,7 @@ def test_decode_node_killed_mid_stream_ends_the_stream_and_the_prefill_node_hold
         broken = False
     except httpx.HTTPError:  # the router cut the stream: also a clear failure to the client
         broken = True
-    assert killed is not None and time.monotonic() - killed < 5, (
+    assert killed is not None and time.monotonic() - killed < 15, (
         "the stream must end soon after its decode node died"
     )
     chunks = [json.loads(e.removeprefix("data: ")) for e in events if e.startswith("data: {")]
@@ -118,7 +117,7 @@ def test_decode_node_killed_mid_stream_ends_the_stream_and_the_prefill_node_hold
     # Either the stream broke, or it ended with an error event, never as if it completed.
     assert broken or any("error" in c for c in chunks), events[-3:]
     cluster.wait_until(
-        lambda: idle(cluster.stats("prefill-0")), LEASE_SECONDS + 2, "prefill node holds no blocks"
+        lambda: idle(cluster.stats("prefill-0")), LEASE_SECONDS + 5, "prefill node holds no blocks"
     )
 
 
@@ -128,7 +127,7 @@ def test_redis_stopped_mid_run_requests_still_succeed_and_the_index_recovers(clu
     first = _prompt(5, 64)
     _complete(cluster, first, 4)
     cluster.wait_until(
-        lambda: index.scard(node_blocks) >= len(first) // BLOCK_SIZE, 5, "prefill-0's blocks indexed"
+        lambda: index.scard(node_blocks) >= len(first) // BLOCK_SIZE, 30, "prefill-0's blocks indexed"
     )
     cluster.redis.stop()
     during = _prompt(6, 48)
@@ -137,12 +136,12 @@ def test_redis_stopped_mid_run_requests_still_succeed_and_the_index_recovers(clu
     index = redis.Redis.from_url(cluster.redis.url)
     cluster.wait_until(
         lambda: index.exists("kvf:node:prefill-0") and index.exists("kvf:node:decode-0"),
-        5,
+        30,
         "both nodes back in the node registry",
     )
     expected_blocks = (len(first) + len(during)) // BLOCK_SIZE
     cluster.wait_until(
-        lambda: index.scard(node_blocks) >= expected_blocks, 5, "the prefix index resynchronised"
+        lambda: index.scard(node_blocks) >= expected_blocks, 30, "the prefix index resynchronised"
     )
     assert cluster.stats("prefill-0")["reporter"]["index_failures"] >= 1
     after = _prompt(7, 33)
@@ -186,7 +185,7 @@ def test_kv_that_arrived_but_was_never_claimed_is_freed_after_the_lease(cluster)
     assert sent.status_code == 200 and sent.json()["kv_bytes"] > 0, sent.text
     assert cluster.stats("decode-0")["reserved"] == 1
     arrived = time.monotonic()
-    cluster.wait_until(lambda: idle(cluster.stats("decode-0")), LEASE_SECONDS + 2, "the unclaimed KV freed")
+    cluster.wait_until(lambda: idle(cluster.stats("decode-0")), LEASE_SECONDS + 5, "the unclaimed KV freed")
     assert time.monotonic() - arrived >= LEASE_SECONDS * 0.9  # not before the claim window ended
     late = httpx.post(
         f"{decode}/internal/v1/decode", json={"request_id": "gap-1", "first_token": 1}, timeout=10
@@ -216,7 +215,7 @@ def test_stale_index_entries_of_a_dead_prefill_node_are_never_routed_to(tiny_mod
         survivor = "prefill-1" if holder == "prefill-0" else "prefill-0"
         cluster.kill(holder)
         assert index.scard(f"kvf:{MODEL_NAME}:node-blocks:{holder}") >= 6  # its entries stay behind, stale
-        time.sleep(ROUTER_HEALTH_SECONDS)  # the router's probe finds the node dead
+        cluster.wait_until_router_ejects(holder)  # the router's probe finds the node dead
         hits = cluster.metric(survivor, "kvferry:prefix_cache_queries_tokens_total")
         for seed in range(13, 16):  # the same long prefix, which only the dead node's entries point at
             _complete(cluster, shared + _prompt(seed, 8), 2)

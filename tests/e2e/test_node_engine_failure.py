@@ -14,7 +14,7 @@ import pytest
 import redis
 from kvferry.engine import LLM, SamplingParams
 
-from tests.support.disaggregated_cluster import MODEL_NAME, ROUTER_HEALTH_SECONDS, DisaggregatedCluster
+from tests.support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster
 
 LONG = 1500  # long enough that the stream still runs when the second request arrives, however loaded
 SHORT = 8
@@ -58,7 +58,7 @@ def test_requests_on_the_failed_engine_get_errors_and_the_node_gets_no_new_traff
     only_faulty = cluster.add_router("router-faulty", ["prefill-0", "decode-0"], [])
     with ThreadPoolExecutor(2) as pool:
         streamed = pool.submit(_call, only_faulty, _body(1, True, LONG))
-        cluster.wait_until(lambda: cluster.stats("decode-0")["running"] == 1, 20,
+        cluster.wait_until(lambda: cluster.stats("decode-0")["running"] == 1, 30,
                            lambda: f"the stream runs on decode-0: {cluster.stats('decode-0')} {cluster.stats('decode-1')}")
         plain = pool.submit(_call, only_faulty, _body(2, False, LONG))
         status, lines = streamed.result()
@@ -70,9 +70,9 @@ def test_requests_on_the_failed_engine_get_errors_and_the_node_gets_no_new_traff
 
     assert httpx.get(f"{cluster.urls['decode-0']}/health", timeout=5).status_code == 503
     registry = redis.Redis.from_url(cluster.redis.url)
-    cluster.wait_until(lambda: json.loads(registry.get("kvf:node:decode-0"))["healthy"] is False, 5,
+    cluster.wait_until(lambda: json.loads(registry.get("kvf:node:decode-0"))["healthy"] is False, 30,
                        "decode-0 reports itself unhealthy in the node registry")
-    time.sleep(ROUTER_HEALTH_SECONDS)  # the main router never called decode-0: it learns from probes
+    cluster.wait_until_router_ejects("decode-0")  # the main router never called decode-0: it learns from probes
 
     def calls_taken(node: str) -> float:
         return sum(cluster.metric(node, m) for m in ("kvferry:prefix_cache_queries_tokens_total", "kvferry:local_prefills_total"))
@@ -95,10 +95,10 @@ def test_prefill_node_dying_before_its_transfer_falls_back_and_frees_the_reserva
         params = SamplingParams(temperature=0, max_tokens=SHORT, ignore_eos=True)
         expected = llm.generate([{"prompt_token_ids": body["prompt"]}], params)[0].outputs[0].token_ids
         assert payload["choices"][0]["token_ids"] == expected
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < 30
         assert cluster.metric("decode-0", "kvferry:local_prefills_total") == 1
         assert dict(cluster.local.processes)["prefill-0"].wait(timeout=5) == 17  # it really died mid-request
-        cluster.wait_until(lambda: cluster.stats("decode-0")["blocks"]["in_use"] == 0, 5, "reservation freed")
+        cluster.wait_until(lambda: cluster.stats("decode-0")["blocks"]["in_use"] == 0, 30, "reservation freed")
         assert cluster.stats("decode-0")["reserved"] == 0
     finally:
         cluster.stop()
