@@ -75,7 +75,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     """`index` and `discovery` replace the ones the config names (tests)."""
     model = config.served_model_name
     metrics = RouterMetrics()
-    client = httpx.AsyncClient(limits=NODE_CLIENT_LIMITS, timeout=httpx.Timeout(60.0, connect=2.0))
+    client = httpx.AsyncClient(limits=NODE_CLIENT_LIMITS, timeout=httpx.Timeout(60.0, connect=5.0))
     view = RegistryView(registry_from(config.registry_url) if config.registry_url else None, config.stale_record_seconds)
     cluster = ClusterState(discovery or _discovery(config, view), view, HealthTracker(), config.health_interval_seconds, client,
                            config.probe_timeout_seconds)

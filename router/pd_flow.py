@@ -24,7 +24,7 @@ from kvferry.router.scheduling import Decision
 from kvferry.internal_api import API_PREFIX, SamplingSpec
 
 log = logging.getLogger(__name__)
-CONTROL_TIMEOUT = httpx.Timeout(10.0, connect=2.0)
+CONTROL_TIMEOUT = httpx.Timeout(10.0, connect=5.0)
 ABORT_TIMEOUT_SECONDS = 2.0
 
 
@@ -52,7 +52,7 @@ class PDFlow:
     def __init__(self, client: httpx.AsyncClient, cluster: ClusterState, metrics: RouterMetrics,
                  prefill_timeout_seconds: float) -> None:
         self.client, self.cluster, self.metrics = client, cluster, metrics
-        self.prefill_timeout = httpx.Timeout(prefill_timeout_seconds, connect=2.0)
+        self.prefill_timeout = httpx.Timeout(prefill_timeout_seconds, connect=5.0)
         self._aborts: set[asyncio.Task] = set()
 
     async def stream(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec,

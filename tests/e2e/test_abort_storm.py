@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -17,6 +18,7 @@ STREAMS = 100
 ABANDONED = 10
 MAX_TOKENS = 16
 ABANDONED_MAX_TOKENS = 1500  # still running when its client leaves
+RETRIES = 5
 
 
 @pytest.fixture
@@ -40,21 +42,24 @@ def _stream(router: str, index: int, abandon: bool, started: threading.Barrier) 
     }
     started.wait(timeout=60)
     tokens, finish = 0, None
-    with (
-        httpx.Client(timeout=120) as client,
-        client.stream("POST", f"{router}/v1/completions", json=body) as response,
-    ):
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                tokens = chunk["usage"]["completion_tokens"]
-            for choice in chunk.get("choices", []):
-                finish = choice.get("finish_reason") or finish
-            if abandon:
-                return -1, None  # leaving the with-blocks closes the socket mid-stream
+    with httpx.Client(timeout=120) as client:
+        for _ in range(RETRIES):  # as OpenAI's client does: a 429/503 with Retry-After is tried again
+            with client.stream("POST", f"{router}/v1/completions", json=body) as response:
+                if response.status_code in (429, 503):
+                    time.sleep(float(response.headers["retry-after"]))
+                    continue
+                assert response.status_code == 200
+                for line in response.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    chunk = json.loads(line[6:])
+                    if chunk.get("usage"):
+                        tokens = chunk["usage"]["completion_tokens"]
+                    for choice in chunk.get("choices", []):
+                        finish = choice.get("finish_reason") or finish
+                    if abandon:
+                        return -1, None  # leaving the with-blocks closes the socket mid-stream
+                break
     return tokens, finish
 
 
