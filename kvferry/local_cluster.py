@@ -108,15 +108,16 @@ def run_local_cluster(model: str | None, num_prefill: int, num_decode: int, redi
                 name, node_port = f"{role}-{index}", free_port()
                 urls[name] = f"http://127.0.0.1:{node_port}"
                 cluster.spawn(name, [*python, role, "--model", str(model_dir), "--name", name, "--registry", registry, "--port", str(node_port)])
+        print(f"starting {num_prefill} prefill and {num_decode} decode nodes (logs in {cluster.workdir})")
+        cluster.wait_ready(urls)
+        # The router starts once its nodes answer, so that its first requests already find them healthy.
         # The router reads node load from the registry, and the prefix index from Redis when there is one.
         source = "--redis-url" if registry.startswith("redis://") else "--registry"
         router = [*python, "router", "--model", str(model_dir), "--port", str(port), source, registry]
         for name, url in urls.items():
             router += ["--prefill" if name.startswith("prefill") else "--decode", url]
         cluster.spawn("router", router)
-        urls["router"] = f"http://127.0.0.1:{port}"
-        print(f"starting {num_prefill} prefill and {num_decode} decode nodes (logs in {cluster.workdir})")
-        cluster.wait_ready(urls)
+        cluster.wait_ready({"router": f"http://127.0.0.1:{port}"})
         print(f"\nkvferry is up at http://127.0.0.1:{port}  (model {model_dir.name}; Ctrl-C stops everything)\n")
         print(f"  curl http://127.0.0.1:{port}/v1/completions -H 'Content-Type: application/json' \\")
         print(f"    -d '{{\"model\": \"{model_dir.name}\", \"prompt\": \"Hello\", \"max_tokens\": 16}}'\n")

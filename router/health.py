@@ -1,5 +1,7 @@
 """Passive and active health: a node that fails (a probe, or a call the router made) is ejected, then
-probed again after a backoff that doubles with each failure in a row; one success re-admits it."""
+probed again after a backoff that doubles with each failure in a row; one success re-admits it. A node
+that has never answered is starting (a router often starts before its nodes): it is probed again after
+the first backoff each time, so it joins as soon as it is up."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ class HealthTracker:
     def __init__(self, first_backoff: float = FIRST_BACKOFF_SECONDS, max_backoff: float = MAX_BACKOFF_SECONDS) -> None:
         self.first_backoff, self.max_backoff = first_backoff, max_backoff
         self._states: dict[str, _State] = {}
+        self._ever_healthy: set[str] = set()
 
     def is_healthy(self, url: str) -> bool:
         return self._states.get(url, _State()).failures == 0
@@ -31,13 +34,16 @@ class HealthTracker:
 
     def record_success(self, url: str) -> None:
         self._states.pop(url, None)
+        self._ever_healthy.add(url)
 
     def record_failure(self, url: str, now: float | None = None) -> None:
         state = self._states.setdefault(url, _State())
         state.failures += 1
-        backoff = min(self.max_backoff, self.first_backoff * 2 ** (state.failures - 1))
+        doublings = state.failures - 1 if url in self._ever_healthy else 0
+        backoff = min(self.max_backoff, self.first_backoff * 2**doublings)
         state.retry_at = (now if now is not None else time.monotonic()) + backoff
 
     def forget_except(self, urls: set[str]) -> None:
         for url in set(self._states) - urls:
             del self._states[url]
+        self._ever_healthy &= urls

@@ -5,6 +5,7 @@ held on the nodes."""
 from __future__ import annotations
 
 import random
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -45,22 +46,25 @@ def _complete(router: str, prompt: list[int]) -> list[int]:
 def test_router_killed_under_load_then_restarted_loses_nothing_after_the_restart(tiny_models, greedy):
     cluster = DisaggregatedCluster(tiny_models["llama"], num_decode=2)
     try:
-        long_body = {"model": MODEL_NAME, "prompt": [5] * 30, "max_tokens": 1500, "temperature": 0, "ignore_eos": True,
+        # As long as the tiny model allows: the streams must still run when the router dies.
+        long_body = {"model": MODEL_NAME, "prompt": [5] * 30, "max_tokens": 2000, "temperature": 0, "ignore_eos": True,
                      "stream": True}
+        streaming = threading.Semaphore(0)
 
         def stream_until_cut() -> bool:
             try:
                 with httpx.stream("POST", f"{cluster.router}/v1/completions", json=long_body, timeout=30) as response:
-                    for _ in response.iter_lines():
-                        pass
+                    for index, _ in enumerate(response.iter_lines()):
+                        if index == 0:
+                            streaming.release()
             except httpx.HTTPError:
                 return True  # cut by the router's death
             return False
 
         with ThreadPoolExecutor(6) as pool:
             cut = [pool.submit(stream_until_cut) for _ in range(6)]
-            cluster.wait_until(lambda: sum(cluster.stats(d)["running"] for d in ("decode-0", "decode-1")) == 6, 30,
-                               "six streams running")
+            for _ in range(6):
+                assert streaming.acquire(timeout=60), "a stream did not start"
             cluster.kill("router")
             assert all(future.result(timeout=10) for future in cut)
         # The nodes notice their readers are gone and free everything, without any router's help.

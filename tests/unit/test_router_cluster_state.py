@@ -71,6 +71,7 @@ def test_failures_eject_with_a_doubling_backoff_and_one_success_readmits():
     health = HealthTracker(first_backoff=1.0, max_backoff=3.0)
     url = "http://n:1"
     assert health.is_healthy(url) and health.due_for_probe(url, now=0.0)
+    health.record_success(url)  # it has been up once: from now on failures back off
     health.record_failure(url, now=10.0)
     assert not health.is_healthy(url)
     assert not health.due_for_probe(url, now=10.9) and health.due_for_probe(url, now=11.0)
@@ -78,5 +79,16 @@ def test_failures_eject_with_a_doubling_backoff_and_one_success_readmits():
     assert not health.due_for_probe(url, now=12.9) and health.due_for_probe(url, now=13.0)
     health.record_failure(url, now=13.0)  # capped at 3 s
     assert not health.due_for_probe(url, now=15.9) and health.due_for_probe(url, now=16.0)
+    health.record_success(url)
+    assert health.is_healthy(url)
+
+
+def test_a_node_that_never_answered_is_probed_every_round_while_it_starts():
+    """A router started before its nodes must take them as soon as they are up, not 30 s later."""
+    health = HealthTracker(first_backoff=1.0, max_backoff=30.0)
+    url = "http://starting:1"
+    for second in range(10):  # ten refused probes in a row: no backoff grows
+        health.record_failure(url, now=float(second))
+        assert not health.due_for_probe(url, now=second + 0.9) and health.due_for_probe(url, now=second + 1.0)
     health.record_success(url)
     assert health.is_healthy(url)
