@@ -27,11 +27,14 @@ async def _timing_first_decode(
     """Pass a stream through, timing the first token this node computes (the first output holds only
     the token the prefill node sampled)."""
     seen = 0
-    async for output in stream:
-        seen += 1
-        if seen == 2:
-            metrics.observe_ttft("first_decode", time.perf_counter() - activated)
-        yield output
+    try:
+        async for output in stream:
+            seen += 1
+            if seen == 2:
+                metrics.observe_ttft("first_decode", time.perf_counter() - activated)
+            yield output
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]  # at once, as ndjson_deltas does
 
 
 def create_app(runtime: NodeRuntime) -> FastAPI:

@@ -136,3 +136,7 @@ async def ndjson_deltas(stream: AsyncIterator[RequestOutput]) -> AsyncIterator[b
             yield (chunk.model_dump_json() + "\n").encode()
     except Exception as exc:  # noqa: BLE001 - the stream is already open: report in-band, then end
         yield (json.dumps({"token_ids": [], "text": "", "finish_reason": "error", "error": str(exc)}) + "\n").encode()
+    finally:
+        # A reader that left closes this generator only: close the engine stream now (it aborts the
+        # request), not whenever the garbage collector finalises it.
+        await stream.aclose()  # type: ignore[attr-defined]
