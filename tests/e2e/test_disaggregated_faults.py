@@ -37,29 +37,19 @@ def _greedy(tiny_models, prompt: list[int], max_tokens: int) -> list[int]:
     return llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids
 
 
+def _body(prompt: list[int], max_tokens: int, stream: bool = False) -> dict:
+    return {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "stream": stream}
+
+
 def _complete(cluster: DisaggregatedCluster, prompt: list[int], max_tokens: int) -> dict:
-    body = {
-        "model": MODEL_NAME,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-    }
-    response = httpx.post(f"{cluster.router}/v1/completions", json=body, timeout=60)
+    response = httpx.post(f"{cluster.router}/v1/completions", json=_body(prompt, max_tokens), timeout=60)
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]
 
 
 def _stream(cluster: DisaggregatedCluster, prompt: list[int], max_tokens: int):
-    body = {
-        "model": MODEL_NAME,
-        "prompt": prompt,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    return httpx.stream("POST", f"{cluster.router}/v1/completions", json=body, timeout=30)
+    return httpx.stream("POST", f"{cluster.router}/v1/completions", json=_body(prompt, max_tokens, stream=True), timeout=30)
 
 
 def _prompt(seed: int, length: int) -> list[int]:
