@@ -9,11 +9,11 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, HTTPException
-from fastapi.responses import StreamingResponse
 from kvferry.engine import RequestOutput
 from kvferry.kvcache import OutOfBlocksError
 from kvferry.transfer.kv_connector import DestinationHandle, KVReceiver
 
+from kvferry.closing_response import ClosingStreamingResponse
 from kvferry.internal_api import API_PREFIX, DecodeRequest, GenerateRequest, ReserveRequest, ReserveResponse
 from kvferry.node_metrics import NodeMetrics
 from kvferry.node_runtime import NodeRuntime, add_common_routes, ndjson_deltas
@@ -82,19 +82,19 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         return ReserveResponse(handle=handle.to_json(), cached_blocks=reservation.first_block)
 
     @app.post(f"{API_PREFIX}/decode")
-    async def decode(body: DecodeRequest) -> StreamingResponse:
+    async def decode(body: DecodeRequest) -> ClosingStreamingResponse:
         handle = handles.pop(body.request_id, None)
         if handle is None or not receiver.claim(handle):
             free_expired(body.request_id, [])
             raise HTTPException(409, f"the KV of {body.request_id!r} has not arrived (unknown, expired or cancelled)")
         activated = time.perf_counter()
         stream = await runtime.engine.activate(body.request_id, body.first_token, body.logprobs)
-        return StreamingResponse(
+        return ClosingStreamingResponse(
             ndjson_deltas(_timing_first_decode(stream, metrics, activated)), media_type="application/x-ndjson"
         )
 
     @app.post(f"{API_PREFIX}/generate")
-    async def generate(body: GenerateRequest) -> StreamingResponse:
+    async def generate(body: GenerateRequest) -> ClosingStreamingResponse:
         try:
             stream = await runtime.engine.add_request(
                 body.request_id, {"prompt_token_ids": body.prompt_token_ids}, body.sampling.to_params()
@@ -102,7 +102,7 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
         metrics.local_prefills.inc()
-        return StreamingResponse(ndjson_deltas(stream), media_type="application/x-ndjson")
+        return ClosingStreamingResponse(ndjson_deltas(stream), media_type="application/x-ndjson")
 
     @app.post(f"{API_PREFIX}/abort/{{request_id}}")
     def abort(request_id: str) -> dict[str, bool]:

@@ -4,13 +4,14 @@ prompt), the P/D flow for each choice, and the response (whole or SSE), with its
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from kvferry.kvcache import hash_prompt_blocks
 from kvferry.kvcache.prefix_index import PrefixIndex
 from kvferry.router.admission import Admission
@@ -24,9 +25,11 @@ from kvferry.router.plugins import PluginChain, PluginContext
 from kvferry.router.prompts import PromptEncoder
 from kvferry.router.responses import Choice, ResponseShape, sse
 from kvferry.router.scheduling import NoNodeAvailable, Scheduler, SchedulingRequest
+from kvferry.router.scheduling.routing_history import RoutingHistory, combined
 from kvferry.router.streams import merge_streams
 from starlette.requests import Request
 
+from kvferry.closing_response import ClosingStreamingResponse
 from kvferry.internal_api import SamplingSpec
 
 DEFAULT_BLOCK_SIZE = 16  # the nodes' default; their records say when they use another
@@ -72,9 +75,10 @@ def sampling_spec(body: SamplingFields, max_tokens: int, logprobs: int | None) -
 class CompletionService:
     def __init__(self, *, model: str, encoder: PromptEncoder, cluster: ClusterState, scheduler: Scheduler,
                  index: PrefixIndex | None, flow: PDFlow, metrics: RouterMetrics, plugins: PluginChain,
-                 admission: Admission, default_max_tokens: int | None) -> None:
+                 admission: Admission, default_max_tokens: int | None, history: RoutingHistory) -> None:
         self.model, self.encoder, self.cluster, self.scheduler = model, encoder, cluster, scheduler
         self.index, self.flow, self.metrics, self.plugins = index, flow, metrics, plugins
+        self.history = history
         self.admission, self.default_max_tokens = admission, default_max_tokens
 
     async def serve(self, body: CompletionRequest | ChatCompletionRequest, request: Request) -> Response:
@@ -92,7 +96,8 @@ class CompletionService:
                 first = await until_disconnected(request, self._first(merged))
                 streaming = True
                 events = self._sse(shape, merged, first, len(subs), sum(prompt_lens), include_usage, context, arrived)
-                return StreamingResponse(events, media_type="text/event-stream")
+                await anext(events)  # started: from here on, closing it runs its cleanup
+                return ClosingStreamingResponse(events, media_type="text/event-stream")
             whole = await until_disconnected(request, self._collect(shape, merged, len(subs), sum(prompt_lens), context, arrived))
             status = 200
             return JSONResponse(whole)
@@ -166,16 +171,20 @@ class CompletionService:
         block_size = next((node.block_size for node in nodes if node.block_size), DEFAULT_BLOCK_SIZE)
         policy = self.scheduler.policy.name
         lookups: dict[int, SchedulingRequest] = {}
+        prompt_hashes: dict[int, list[int]] = {}
         streams = []
         for sub in subs:
             if sub.prompt_index not in lookups:
                 hashes = hash_prompt_blocks(sub.prompt_ids, block_size, model_salt=self.model)
                 cached = await asyncio.to_thread(self.index.cached_prefix_blocks, hashes) if self.index and hashes else {}
+                cached = combined(cached, self.history.cached_prefix_blocks(hashes))
                 lookups[sub.prompt_index] = SchedulingRequest(self.model, len(sub.prompt_ids), len(hashes), cached)
+                prompt_hashes[sub.prompt_index] = hashes
             try:
                 decision = self.scheduler.schedule(lookups[sub.prompt_index], nodes)
             except NoNodeAvailable as exc:
                 raise overloaded(503, str(exc)) from None
+            self.history.record(prompt_hashes[sub.prompt_index], (decision.prefill or decision.decode).name)
             self.metrics.routed(policy, "decode", decision.decode.name)
             if decision.prefill is not None:
                 self.metrics.routed(policy, "prefill", decision.prefill.name)
@@ -198,24 +207,28 @@ class CompletionService:
         offsets = [0] * num_choices
         clock = _TokenClock(self.metrics, arrived)
         try:
+            # Primed by serve(): a generator closed before it started would skip this `finally` (the
+            # admission slot and the node streams would stay held when a client leaves before any byte).
+            yield b""
             if shape.kind == "chat":
                 for index in range(num_choices):
                     yield sse(shape.chunk([shape.role_delta(index)], include_usage))
             pending = [first] if first is not None else []
-            async for index, chunk in _chain(pending, merged):
-                clock.tick(index, len(chunk["token_ids"]))
-                completion_tokens += len(chunk["token_ids"])
-                text = self.plugins.on_output(context, chunk["text"])
-                finish = chunk["finish_reason"]
-                if shape.kind == "chat" and finish is not None and text:  # OpenAI ends a choice with an empty delta
-                    yield sse(shape.chunk([shape.delta(index, text, chunk["token_ids"], chunk.get("logprobs"), None,
-                                                       offsets[index])], include_usage))
-                    yield sse(shape.chunk([shape.delta(index, "", [], None if shape.logprobs is None else [], finish,
-                                                       0)], include_usage))
-                else:
-                    yield sse(shape.chunk([shape.delta(index, text, chunk["token_ids"], chunk.get("logprobs"), finish,
-                                                       offsets[index])], include_usage))
-                offsets[index] += len(text)
+            async with contextlib.aclosing(_chain(pending, merged)) as chunks:
+                async for index, chunk in chunks:
+                    clock.tick(index, len(chunk["token_ids"]))
+                    completion_tokens += len(chunk["token_ids"])
+                    text = self.plugins.on_output(context, chunk["text"])
+                    finish = chunk["finish_reason"]
+                    if shape.kind == "chat" and finish is not None and text:  # OpenAI ends a choice with an empty delta
+                        yield sse(shape.chunk([shape.delta(index, text, chunk["token_ids"], chunk.get("logprobs"), None,
+                                                           offsets[index])], include_usage))
+                        yield sse(shape.chunk([shape.delta(index, "", [], None if shape.logprobs is None else [], finish,
+                                                           0)], include_usage))
+                    else:
+                        yield sse(shape.chunk([shape.delta(index, text, chunk["token_ids"], chunk.get("logprobs"), finish,
+                                                           offsets[index])], include_usage))
+                    offsets[index] += len(text)
             if include_usage:
                 yield sse(shape.usage_chunk(prompt_tokens, completion_tokens))
             clock.done()
@@ -229,9 +242,9 @@ class CompletionService:
 
 
 async def _chain(first: list[tuple[int, dict]], rest: AsyncIterator[tuple[int, dict]]) -> AsyncIterator[tuple[int, dict]]:
-    for item in first:
-        yield item
     try:
+        for item in first:
+            yield item
         async for item in rest:
             yield item
     finally:

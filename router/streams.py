@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Sequence
 from typing import TypeVar
 
@@ -11,11 +12,13 @@ _DONE = object()
 
 
 async def merge_streams(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tuple[int, T]]:
-    """Items as they come; the first error ends the merge. Closing it cancels the streams still running
-    (so their own cleanup, such as aborting on a node, runs)."""
+    """Items as they come; the first error ends the merge. Closing it closes every stream, cancelling those
+    still running, so that their own cleanup (aborting on a node) runs now, not when the garbage collector
+    finalises them: a stream left suspended in a reference cycle can wait for that indefinitely."""
     if len(streams) == 1:  # the common case, without tasks in between
-        async for item in streams[0]:
-            yield 0, item
+        async with contextlib.aclosing(streams[0]) as stream:  # type: ignore[type-var]
+            async for item in stream:
+                yield 0, item
         return
     queue: asyncio.Queue[tuple[int, object]] = asyncio.Queue()
 
@@ -42,3 +45,5 @@ async def merge_streams(streams: Sequence[AsyncIterator[T]]) -> AsyncIterator[tu
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        for stream in streams:  # a stream whose pump never started was never entered: close it too
+            await stream.aclose()  # type: ignore[attr-defined]
