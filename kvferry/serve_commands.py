@@ -63,6 +63,8 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kubeconfig", default=None, help="kubernetes discovery: default in-cluster config")
     parser.add_argument("--max-inflight", type=int, default=None, help="requests in flight before 429 (default 256)")
     parser.add_argument("--probe-timeout", type=float, default=None, help="seconds a node's health probe may take (default 1)")
+    parser.add_argument("--routing-history", type=float, default=None,
+                        help="seconds a prompt's blocks count as cached on the node they were sent to (default 30; 0: off)")
     parser.add_argument("--max-model-len", type=int, default=None, help="default: the nodes' reports, else config.json")
     parser.add_argument("--default-max-tokens", type=int, default=None, help="chat without max_tokens (default: the rest of the context)")
 
@@ -89,6 +91,7 @@ def router_config_from(args: argparse.Namespace):  # -> kvferry.router.config.Ro
         "metrics_need_auth": args.metrics_auth,
         "max_inflight": args.max_inflight,
         "probe_timeout_seconds": args.probe_timeout,
+        "routing_history_seconds": args.routing_history,
         "default_max_tokens": args.default_max_tokens,
         "discovery": {"mode": args.discovery, "prefill": args.prefill, "decode": args.decode, "namespace": args.namespace,
                       "selectors": selectors or None, "port": args.node_port, "kubeconfig": args.kubeconfig},

@@ -34,6 +34,7 @@ from kvferry.router.plugins import load_plugins
 from kvferry.router.prompts import ModelLimits, PromptEncoder
 from kvferry.router.registry_view import RegistryView
 from kvferry.router.scheduling import Scheduler
+from kvferry.router.scheduling.routing_history import RoutingHistory
 from kvferry.router.service import CompletionService
 from kvferry.transfer.registry import registry_from
 
@@ -86,7 +87,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
         model=model, encoder=encoder, cluster=cluster, scheduler=Scheduler(config.resolve_policy()), index=index,
         flow=PDFlow(client, cluster, metrics, config.prefill_timeout_seconds), metrics=metrics,
         plugins=load_plugins(config.plugins), admission=Admission(config.max_inflight),
-        default_max_tokens=config.default_max_tokens,
+        default_max_tokens=config.default_max_tokens, history=RoutingHistory(config.routing_history_seconds),
     )
     started = int(time.time())
 
