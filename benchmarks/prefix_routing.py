@@ -20,6 +20,7 @@ router, and straight to the decode node's own generate call, in alternating roun
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -45,6 +46,7 @@ from kvferry.loadgen.metrics import Slo, summarize  # noqa: E402
 from kvferry.loadgen.runner import LoadShape, RunResult  # noqa: E402
 
 PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "prefix_routing.png"
+RESULTS_FILE = Path(__file__).resolve().parent / "results" / "prefix_routing.json"
 POLICIES = ("prefix", "round_robin", "least_load", "default")
 PREFILL_NODES = ("prefill-0", "prefill-1")
 MAX_MODEL_LEN = 1024
@@ -73,11 +75,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-len", type=int, default=8)
     parser.add_argument("--prefill-kv-blocks", type=int, default=320,
                         help="each prefill node's KV pool, in 16-token blocks (the groups' prefixes need more)")
+    parser.add_argument("--decode-kv-blocks", type=int, default=8192, help="the decode node's KV pool, in blocks")
     parser.add_argument("--load-factor", type=float, default=0.5, help="offered rate / ideal-hit prefill capacity")
     parser.add_argument("--streams", type=int, default=64, help="concurrent streams of the overhead part")
     parser.add_argument("--overhead-rounds", type=int, default=3)
     parser.add_argument("--time-limit", type=float, default=600.0, help="seconds per run")
     parser.add_argument("--quick", action="store_true", help="tiny model, few requests, one overhead round")
+    parser.add_argument("--part", choices=("all", "policies", "overhead"), default="all",
+                        help="run one part only; the other part's results stay as the results file has them")
     return parser.parse_args()
 
 
@@ -105,7 +110,9 @@ def policy_rows(model: Path, words: TokenWords, workload: Workload, args: argpar
     # A pool must hold one whole sequence of max_model_len; the workload's prompts are far shorter.
     small_pool = ("--num-kv-blocks", str(args.prefill_kv_blocks), "--max-model-len", str(MAX_MODEL_LEN))
     nodes = [NodeSpec("prefill", name, core=core, args=small_pool) for core, name in enumerate(PREFILL_NODES)]
-    nodes.append(NodeSpec("decode", "decode-0"))
+    # The decode node holds a reservation for every request queued on a prefill node: room for all of them,
+    # so that a policy that builds long prefill queues is measured by its TTFT, not refused by the decode node.
+    nodes.append(NodeSpec("decode", "decode-0", args=("--num-kv-blocks", str(args.decode_kv_blocks))))
     routers = [RouterSpec(policy, ("--policy", policy), with_index=True) for policy in POLICIES]
     rows, results = [], []
     with ServingCluster(model, nodes, routers) as cluster:
@@ -171,24 +178,33 @@ def main() -> None:
     model = cached_model("llama", args.size)
     words = TokenWords(ModelTokenizer(model))
     load_at_start = os.getloadavg()
-    rows, measured, results = policy_rows(model, words, workload, args)
-    overhead = router_overhead(args)
-    print_table(rows, ["policy", "ttft_p50_s", "ttft_p90_s", "output_tok_s", "request_throughput_rps", "hit_rate", "failed", "load_avg_1m"])
-    round_robin = next(r for r in rows if r["policy"] == "round_robin")
-    prefix = next(r for r in rows if r["policy"] == "prefix")
-    ttft_ratio = round_robin["ttft_p90_s"] / prefix["ttft_p90_s"]
-    print(f"P90 TTFT round_robin / prefix: {ttft_ratio:.2f}x; router overhead: +{overhead['added_ttft_p50_ms']:.2f} ms p50 TTFT, "
-          f"{overhead['added_itl_p50_pct']:+.1f}% p50 ITL at {overhead['streams']} streams")
-    payload = {
-        "workload": {"model": f"llama {args.size}", **workload.__dict__, "prefill_kv_blocks": args.prefill_kv_blocks,
-                     "prefix_blocks_needed": workload.groups * workload.system_len // 16, "arrivals": "poisson"},
-        "measured": measured, "rows": rows, "ttft_p90_ratio_round_robin_over_prefix": round(ttft_ratio, 3),
-        "router_overhead": overhead,
-        "load_avg": {"start": list(load_at_start), "end": list(os.getloadavg())}, "cpu_cores": os.cpu_count(),
-        "environment": environment(),
-    }
+    previous = json.loads(RESULTS_FILE.read_text()) if args.part != "all" and RESULTS_FILE.exists() else {}
+    payload: dict[str, object] = {"load_avg": {"start": list(load_at_start)}, "cpu_cores": os.cpu_count(), "environment": environment()}
+    results: list[RunResult] = []
+    if args.part in ("all", "policies"):
+        rows, measured, results = policy_rows(model, words, workload, args)
+        print_table(rows, ["policy", "ttft_p50_s", "ttft_p90_s", "output_tok_s", "request_throughput_rps", "hit_rate", "failed", "load_avg_1m"])
+        round_robin = next(r for r in rows if r["policy"] == "round_robin")
+        prefix = next(r for r in rows if r["policy"] == "prefix")
+        ttft_ratio = round_robin["ttft_p90_s"] / prefix["ttft_p90_s"]
+        print(f"P90 TTFT round_robin / prefix: {ttft_ratio:.2f}x")
+        payload |= {
+            "workload": {"model": f"llama {args.size}", **workload.__dict__, "prefill_kv_blocks": args.prefill_kv_blocks,
+                         "decode_kv_blocks": args.decode_kv_blocks,
+                         "prefix_blocks_needed": workload.groups * workload.system_len // 16, "arrivals": "poisson"},
+            "measured": measured, "rows": rows, "ttft_p90_ratio_round_robin_over_prefix": round(ttft_ratio, 3),
+        }
+    if args.part in ("all", "overhead"):
+        overhead = router_overhead(args)
+        print(f"router overhead: +{overhead['added_ttft_p50_ms']:.2f} ms p50 TTFT, "
+              f"{overhead['added_itl_p50_pct']:+.1f}% p50 ITL at {overhead['streams']} streams")
+        payload["router_overhead"] = overhead
+    payload["load_avg"]["end"] = list(os.getloadavg())  # type: ignore[index]
+    payload = {**previous, **payload}
     if not args.quick:
         print(f"wrote {write_results('prefix_routing', payload)}")
+    if not results:
+        return
     from kvferry.loadgen.plot import plot_runs
 
     plot = PLOT if not args.quick else Path(tempfile.gettempdir()) / "prefix_routing_quick.png"
