@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -14,6 +15,7 @@ from pathlib import Path
 import httpx
 
 from kvferry.redis_server import RedisServer, free_port
+from kvferry.router.auth import CLUSTER_TOKEN_ENV
 
 CACHE = Path(os.environ.get("KVFERRY_CACHE", Path.home() / ".cache" / "kvferry"))
 READY_TIMEOUT_SECONDS = 180
@@ -31,14 +33,17 @@ def demo_model() -> Path:
 
 
 class LocalCluster:
-    def __init__(self) -> None:
+    def __init__(self, cluster_token: str | None = None) -> None:
+        """`cluster_token`: every process gets it (nodes require it on their internal API, the router sends it)."""
         self.processes: list[tuple[str, subprocess.Popen]] = []
         self.workdir = Path(tempfile.mkdtemp(prefix="kvferry-up-"))
         self.redis: RedisServer | None = None
+        # In the environment, not in argv, where `ps` would show it to every user of the machine.
+        self.env = {**os.environ, CLUSTER_TOKEN_ENV: cluster_token} if cluster_token else None
 
     def spawn(self, name: str, args: list[str]) -> None:
         log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115 - kept open for the child's lifetime
-        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
         self.processes.append((name, process))
 
     def registry(self, redis_url: str | None) -> str:
@@ -98,7 +103,7 @@ def run_local_cluster(model: str | None, num_prefill: int, num_decode: int, redi
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
     model_dir = Path(model) if model else demo_model()
-    cluster = LocalCluster()
+    cluster = LocalCluster(cluster_token=secrets.token_urlsafe(32))  # one per cluster, never printed
     python = [sys.executable, "-m", "kvferry"]
     try:
         registry = cluster.registry(redis_url)

@@ -4,7 +4,8 @@ parser loads neither torch nor UCX (an operator or router process never needs th
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import ipaddress
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,9 @@ class NodeConfig:
     kv_cache_bytes: int | None = None
     transfer_timeout_seconds: float = 2.0
     lease_seconds: float = 5.0
+    # The shared secret every call to the internal API must bear; None: the internal API is open.
+    # Kept out of repr, so that a logged config does not print it.
+    cluster_token: str | None = field(default=None, repr=False)
 
 
 def add_node_arguments(parser: argparse.ArgumentParser, role: str) -> None:
@@ -46,13 +50,34 @@ def add_node_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--num-kv-blocks", type=int, default=None)
     parser.add_argument("--transfer-timeout", type=float, default=2.0, help="seconds before a KV transfer fails")
     parser.add_argument("--lease", type=float, default=5.0, help="seconds a decode node holds blocks for KV to arrive")
+    parser.add_argument(
+        "--cluster-token-file", default=None,
+        help="file holding the token the internal API requires (a mounted Secret); default: env "
+        "KVFERRY_CLUSTER_TOKEN; neither: the internal API is open",
+    )
 
 
 def node_config_from(args: argparse.Namespace, role: str) -> NodeConfig:
+    # Imported here: the router's auth module loads FastAPI, which building the parser must not.
+    from kvferry.router.auth import cluster_token_from
+
     return NodeConfig(
         role=role, name=args.name, model=args.model, registry=args.registry, host=args.host, port=args.port,
         dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         gpu_memory_fraction=args.gpu_memory_fraction, kv_cache_bytes=args.kv_cache_bytes,
         transfer_timeout_seconds=args.transfer_timeout, lease_seconds=args.lease,
+        cluster_token=cluster_token_from(args.cluster_token_file),
     )
+
+
+def transfer_environment(host: str) -> dict[str, str]:
+    """UCX settings that follow the address the node serves on. UCX's TCP transport listens on the address
+    of every network device it uses, all of them by default: a node bound to loopback keeps UCX on `lo`
+    too. Any other address leaves the choice to UCX (set UCX_NET_DEVICES to pick: RDMA devices are not
+    network interfaces, so no device list follows from an IP address)."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        loopback = False
+    return {"UCX_NET_DEVICES": "lo"} if loopback else {}

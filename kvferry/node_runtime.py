@@ -4,6 +4,8 @@ stream into NDJSON lines (their settings are kvferry/node_config.py)."""
 from __future__ import annotations
 
 import json
+import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -14,11 +16,16 @@ from fastapi.responses import JSONResponse, Response
 from kvferry.engine import AsyncLLMEngine, EngineArgs, LLMEngine, RequestOutput
 from kvferry.internal_api import StreamChunk
 from kvferry.kvcache.prefix_index import prefix_index_from
-from kvferry.node_config import NodeConfig
+from kvferry.node_config import NodeConfig, transfer_environment
 from kvferry.node_metrics import NodeMetrics
 from kvferry.node_reporter import NodeReporter, load_fields
+from kvferry.router.auth import PROBE_PATHS, APIKeyMiddleware
 from kvferry.transfer import TransferConfig, TransferEngine
 from kvferry.transfer.kv_connector import pool_description
+
+log = logging.getLogger(__name__)
+# Monitoring stays open: Prometheus scrapes /metrics, and /stats is its JSON twin (counters, no control).
+OPEN_PATHS = PROBE_PATHS | {"/metrics", "/stats"}
 
 
 def engine_args_from(config: NodeConfig) -> EngineArgs:
@@ -39,6 +46,9 @@ class NodeRuntime:
 
     @classmethod
     def start(cls, config: NodeConfig) -> NodeRuntime:
+        # Before UCX reads its settings; an explicit UCX_* variable wins.
+        for name, value in transfer_environment(config.host).items():
+            os.environ.setdefault(name, value)
         engine = LLMEngine(config.model, engine_args_from(config))
         transfer = TransferEngine(TransferConfig(timeout_seconds=config.transfer_timeout_seconds))
         model = engine.served_model_name
@@ -97,7 +107,13 @@ class NodeRuntime:
 def add_common_routes(
     app: FastAPI, runtime: NodeRuntime, role_stats: Callable[[], dict[str, object]] = dict
 ) -> None:
-    """/health, /ready, /stats (the runtime's, plus what `role_stats` adds) and /metrics."""
+    """/health, /ready, /stats (the runtime's, plus what `role_stats` adds) and /metrics; every other route
+    requires the cluster token when the node has one."""
+    token = runtime.config.cluster_token
+    app.add_middleware(APIKeyMiddleware, keys=[token] if token else [], open_paths=OPEN_PATHS, credential="cluster token")
+    if token is None:
+        log.warning("%s: no cluster token configured: the internal API accepts calls from anyone who can reach "
+                    "it (--cluster-token-file or KVFERRY_CLUSTER_TOKEN)", runtime.config.name)
 
     # On the event loop, not in the thread pool that blocking routes share: a node whose pool is full
     # of queued calls must still answer its probes at once.

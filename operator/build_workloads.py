@@ -24,6 +24,7 @@ from kvferry.operator.security import container_security_context, pod_security_c
 
 ServingRole = Literal["prefill", "decode", "router"]
 API_KEY_ENV = "KVFERRY_API_KEY"
+CLUSTER_TOKEN_ENV = "KVFERRY_CLUSTER_TOKEN"  # what kvferry.router.auth.cluster_token_from reads, in every role
 
 # Loading weights takes minutes on a large model; the startup probe holds liveness off until then.
 _STARTUP_PROBE = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 60}
@@ -46,6 +47,9 @@ def _container_env(
     if spec.auth_secret is not None and role == "router":
         secret_ref = {"name": spec.auth_secret.name, "key": spec.auth_secret.key}
         env[API_KEY_ENV] = {"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": secret_ref}}
+    if spec.cluster_token_secret is not None:  # nodes require it, the router sends it
+        token_ref = {"name": spec.cluster_token_secret.name, "key": spec.cluster_token_secret.key}
+        env[CLUSTER_TOKEN_ENV] = {"name": CLUSTER_TOKEN_ENV, "valueFrom": {"secretKeyRef": token_ref}}
     # The user's variables win over ours by name; server-side apply rejects a list with duplicate names.
     env.update({var.name: _env_var(var) for var in role_spec.env})
     return list(env.values())

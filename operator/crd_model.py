@@ -202,6 +202,11 @@ class SecretKeyRef(KubeModel):
     key: str = Field("api-key", min_length=1, description="Key in the Secret that holds the API key.")
 
 
+class ClusterTokenSecretRef(KubeModel):
+    name: DnsSubdomain = Field(description="Name of a Secret in the cluster's namespace.")
+    key: str = Field("cluster-token", min_length=1, description="Key in the Secret that holds the token.")
+
+
 class InferenceClusterSpec(KubeModel):
     model: ModelSpec = Field(description="The model every node serves.")
     image: str = Field(
@@ -223,6 +228,13 @@ class InferenceClusterSpec(KubeModel):
     )
     auth_secret: SecretKeyRef | None = Field(
         None, description="Secret holding the API key clients must send; without it the router is open."
+    )
+    cluster_token_secret: ClusterTokenSecretRef | None = Field(
+        None,
+        description=(
+            "Secret holding the token the router sends to prefill and decode nodes, which refuse internal "
+            "calls without it; without it the nodes' internal API is open to anything that reaches it."
+        ),
     )
 
 

@@ -13,7 +13,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from kvferry.kvcache.prefix_index import PrefixIndex, prefix_index_from
 from kvferry.router.admission import Admission
-from kvferry.router.auth import APIKeyMiddleware
+from kvferry.router.auth import PROBE_PATHS, APIKeyMiddleware, bearer_headers, cluster_token_from
 from kvferry.router.body_limit import BodyLimitMiddleware
 from kvferry.router.cluster import ClusterState
 from kvferry.router.config import RouterConfig
@@ -76,7 +76,9 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     """`index` and `discovery` replace the ones the config names (tests)."""
     model = config.served_model_name
     metrics = RouterMetrics()
-    client = httpx.AsyncClient(limits=NODE_CLIENT_LIMITS, timeout=httpx.Timeout(60.0, connect=5.0))
+    # Every call to a node bears the cluster token (the nodes' internal API refuses calls without it).
+    node_headers = bearer_headers(cluster_token_from(config.cluster_token_file))
+    client = httpx.AsyncClient(limits=NODE_CLIENT_LIMITS, timeout=httpx.Timeout(60.0, connect=5.0), headers=node_headers)
     view = RegistryView(registry_from(config.registry_url) if config.registry_url else None, config.stale_record_seconds)
     cluster = ClusterState(discovery or _discovery(config, view), view, HealthTracker(), config.health_interval_seconds, client,
                            config.probe_timeout_seconds)
@@ -102,7 +104,8 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     app.openapi = lambda: _openapi_without_422(app)  # type: ignore[method-assign]
     install_error_handlers(app, on_invalid_body=lambda: metrics.request_done(400))
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
-    app.add_middleware(APIKeyMiddleware, keys=config.api_keys, metrics_need_auth=config.metrics_need_auth)
+    open_paths = PROBE_PATHS if config.metrics_need_auth else PROBE_PATHS | {"/metrics"}
+    app.add_middleware(APIKeyMiddleware, keys=config.api_keys, open_paths=open_paths)
     app.state.cluster, app.state.metrics, app.state.service = cluster, metrics, service
     metrics.inflight.set_function(lambda: service.admission.inflight)
     unauthorized = {401: ERROR_RESPONSES[401]}

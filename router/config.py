@@ -60,6 +60,9 @@ class RouterConfig(_Section):
     plugins: list[PluginSection] = Field(default_factory=list)  # run in this order
     api_keys: list[str] = Field(default_factory=list)
     metrics_need_auth: bool = False
+    # The nodes' shared token (a mounted Secret), sent on every call to a node; default the
+    # KVFERRY_CLUSTER_TOKEN variable; neither: calls go without one (nodes that have none accept them).
+    cluster_token_file: str | None = None
     max_inflight: int = Field(256, ge=1)  # requests beyond it get 429
     max_body_bytes: int = Field(1 << 20, ge=1024)
     default_max_tokens: int | None = None  # chat without max_tokens: default the rest of the context

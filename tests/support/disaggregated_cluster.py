@@ -51,12 +51,14 @@ class DisaggregatedCluster:
         role_flags: dict[str, list[str]] | None = None,
         use_redis: bool = True,
         redis_down_at_start: bool = False,
+        cluster_token: str | None = None,
     ) -> None:
         """`launchers` replaces `-m kvferry` for the named nodes (a fault-injecting wrapper); `role_flags`
         adds flags to every node of a role; without Redis the nodes share a registry folder and the
         router routes without the prefix index; `redis_down_at_start` starts everything while the Redis
-        they are given is down (`restart_redis` brings it up on its port)."""
-        self.local = LocalCluster()
+        they are given is down (`restart_redis` brings it up on its port); `cluster_token` goes to every
+        process, as `kvferry up` does."""
+        self.local = LocalCluster(cluster_token)
         self.redis = RedisServer(self.local.workdir, log=self.local.workdir / "redis.log") if use_redis else None
         if self.redis is not None and redis_down_at_start:
             self.redis.stop()

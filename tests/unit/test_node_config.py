@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from kvferry.node_config import add_node_arguments, node_config_from
+from kvferry.node_config import add_node_arguments, node_config_from, transfer_environment
 from kvferry.node_runtime import engine_args_from
 
 
@@ -41,3 +41,27 @@ def test_defaults_pick_the_device_by_availability():
 def test_bad_limits_are_refused_with_the_field_named():
     with pytest.raises(ValueError, match="max_num_seqs"):
         engine_args_from(_config("decode", "--max-num-seqs", "0"))
+
+
+def test_cluster_token_comes_from_its_file_or_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv("KVFERRY_CLUSTER_TOKEN", raising=False)
+    assert _config("decode").cluster_token is None  # no token: the internal API is open
+    monkeypatch.setenv("KVFERRY_CLUSTER_TOKEN", "from-env")
+    assert _config("decode").cluster_token == "from-env"
+    secret = tmp_path / "cluster-token"
+    secret.write_text("from-secret\n")  # a mounted Secret's trailing newline is not part of the token
+    config = _config("prefill", "--cluster-token-file", str(secret))
+    assert config.cluster_token == "from-secret"
+    assert "from-secret" not in repr(config)  # a logged config does not leak it
+    secret.write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        _config("prefill", "--cluster-token-file", str(secret))
+
+
+@pytest.mark.parametrize(
+    ("host", "environment"),
+    [("127.0.0.1", {"UCX_NET_DEVICES": "lo"}), ("127.0.0.2", {"UCX_NET_DEVICES": "lo"}), ("::1", {"UCX_NET_DEVICES": "lo"}),
+     ("localhost", {"UCX_NET_DEVICES": "lo"}), ("0.0.0.0", {}), ("10.1.2.3", {}), ("node-0.svc", {})],
+)
+def test_a_loopback_node_keeps_ucx_on_loopback(host, environment):
+    assert transfer_environment(host) == environment

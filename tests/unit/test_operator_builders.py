@@ -145,6 +145,43 @@ def test_router_deployment_uses_its_service_account_and_api_key_secret() -> None
     assert "/dev/shm" not in {m["mountPath"] for m in c["volumeMounts"]}
 
 
+def test_every_role_gets_the_cluster_token_from_its_secret_by_env() -> None:
+    s = spec(clusterTokenSecret={"name": "demo-internal"}, authSecret={"name": "api-keys"})
+    expected = {
+        "name": "KVFERRY_CLUSTER_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "demo-internal", "key": "cluster-token"}},
+    }
+    for role in ("prefill", "decode", "router"):
+        c = container(build_role_deployment(REF, s, role, "h"))
+        env = {var["name"]: var for var in c["env"]}
+        assert env["KVFERRY_CLUSTER_TOKEN"] == expected, role
+        # In the environment from the Secret only: never in argv, the ConfigMap or a literal value.
+        assert not any("token" in arg for arg in c["args"]), role
+    router_env = {var["name"] for var in container(build_role_deployment(REF, s, "router", "h"))["env"]}
+    assert "KVFERRY_API_KEY" in router_env  # the API key still goes to the router alone
+    node_env = {var["name"] for var in container(build_role_deployment(REF, s, "decode", "h"))["env"]}
+    assert "KVFERRY_API_KEY" not in node_env
+    config = build_config_map(REF, s)["data"]["cluster.json"]
+    assert "demo-internal" not in config and "cluster-token" not in config
+
+
+def test_cluster_token_key_can_be_chosen_and_is_absent_without_a_secret() -> None:
+    keyed = spec(clusterTokenSecret={"name": "shared", "key": "internal"})
+    env = {var["name"]: var for var in container(build_role_deployment(REF, keyed, "prefill", "h"))["env"]}
+    assert env["KVFERRY_CLUSTER_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "shared", "key": "internal"}
+    for role in ("prefill", "decode", "router"):
+        names = {var["name"] for var in container(build_role_deployment(REF, spec(), role, "h"))["env"]}
+        assert "KVFERRY_CLUSTER_TOKEN" not in names, role
+
+
+def test_a_users_env_var_overrides_the_cluster_token_by_name() -> None:
+    # The user's variables win by name (as for POD_IP); one entry, so server-side apply accepts the list.
+    own = {"name": "KVFERRY_CLUSTER_TOKEN", "valueFrom": {"secretKeyRef": {"name": "mine", "key": "t"}}}
+    s = spec(clusterTokenSecret={"name": "demo-internal"}, decode={"env": [own]})
+    env = container(build_role_deployment(REF, s, "decode", "h"))["env"]
+    assert [var for var in env if var["name"] == "KVFERRY_CLUSTER_TOKEN"] == [own]
+
+
 def test_image_path_source_mounts_no_model_volume() -> None:
     s = parse_spec({"model": {"source": "/opt/models/tiny", "servedName": "tiny"}})
     pod = build_role_deployment(REF, s, "decode", "h")["spec"]["template"]["spec"]
