@@ -8,10 +8,34 @@ Time to first token is split by where it is spent: `queue` and `prefill` on the 
 
 from __future__ import annotations
 
+import asyncio
+
+import anyio.from_thread
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 TTFT_PHASES = ("queue", "prefill", "transfer", "first_decode")
+
+
+def event_loop_tasks() -> int:
+    """Unfinished asyncio tasks of the event loop that serves this process's HTTP routes; 0 without one.
+    A sync route (as /metrics is) runs in a worker thread, so the count is taken on the loop itself:
+    its task set is only safe to read there."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        try:
+            return anyio.from_thread.run_sync(event_loop_tasks)
+        except RuntimeError:  # not an event loop's worker thread: no loop to count
+            return 0
+    return len(asyncio.all_tasks())
+
+
+def add_asyncio_tasks_gauge(registry: CollectorRegistry, labels: dict[str, str]) -> None:
+    """`kvferry:asyncio_tasks`, counted at each scrape: nodes and router alike, so a soak can see a task leak."""
+    gauge = Gauge("kvferry:asyncio_tasks", "Unfinished asyncio tasks of the serving event loop", list(labels),
+                  registry=registry)
+    (gauge.labels(**labels) if labels else gauge).set_function(event_loop_tasks)
 
 
 class NodeMetrics:
@@ -45,6 +69,7 @@ class NodeMetrics:
             buckets=LATENCY_BUCKETS, registry=self.registry,
         )
         self._labels = labels
+        add_asyncio_tasks_gauge(self.registry, labels)
 
     def observe_ttft(self, phase: str, seconds: float) -> None:
         if phase not in TTFT_PHASES:

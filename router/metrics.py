@@ -7,6 +7,8 @@ from collections import Counter as Tally
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from kvferry.node_metrics import add_asyncio_tasks_gauge
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 TOKEN_GAP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 
@@ -29,6 +31,7 @@ class RouterMetrics:
         self.fallbacks = Counter("kvferry:local_prefill_fallbacks", "Requests a decode node prefilled itself",
                                  ["reason"], registry=r)
         self.inflight = Gauge("kvferry:router_inflight_requests", "Requests in flight in this router", registry=r)
+        add_asyncio_tasks_gauge(r, {})
         self.tally: Tally[str] = Tally()  # /stats
 
     def request_done(self, status: int) -> None:

@@ -1,0 +1,330 @@
+"""Soak (reliability scenario 14): fixed concurrency through a local cluster for ten minutes, and the resident
+memory, open file descriptors and asyncio tasks of the router, the prefill node and the decode node sampled
+every 30 s. Pass: every metric of every process grows less than 5% from the first sample after the warm-up to
+the mean of the last three, and no request fails.
+
+The cluster: the tiny random-weight llama (`kvferry make-model`), one prefill node, one decode node and a
+router over them, with a real redis-server holding the node registry and the prefix index. The load: a closed
+loop of `--concurrency` streams cycling through prompts of mixed lengths (so prompts come back and hit or
+evict cached prefixes), six in ten streamed, three in ten not streamed, one in ten streamed and left after a
+few chunks (a client disconnect: the router must abort it on both nodes; counted apart, not as a failure);
+completions and chat alternate. A request fails on any error or on fewer tokens than asked (ignore_eos).
+
+Each sample holds new requests until the ones in flight finish (bounded), then reads each process a few
+times half a second apart and keeps each metric's smallest reading: counts are taken between requests, so
+what the in-flight requests or a health probe hold at that instant does not pass for growth, and what a leak
+leaves behind does.
+
+    .venv/bin/python benchmarks/soak.py           # 10 min -> benchmarks/results/soak.json, docs/img/soak.png
+    .venv/bin/python benchmarks/soak.py --quick   # 60 s smoke run, results under the temp folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import cached_model, environment, write_results  # noqa: E402
+from serving_cluster import NodeSpec, RouterSpec, ServingCluster, wait_until_ready  # noqa: E402
+from soak_sampling import METRICS, TASKS_GAUGE, ProcessReading, gauge_value, growth, proc_usage, quietest  # noqa: E402
+
+from kvferry.loadgen.client import Endpoint, request_body, send_request  # noqa: E402
+from kvferry.loadgen.datasets import BenchRequest, RandomSpec, TokenWords, random_requests  # noqa: E402
+
+PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "soak.png"
+MODE_CYCLE = ("stream", "plain", "stream", "stream", "plain", "stream", "stream", "plain", "stream", "leave")
+ENDPOINT_KINDS = ("completions", "chat", "completions")  # 3 is prime to 10: every kind meets every mode
+LEAVE_AFTER_CHUNKS = 3
+LEAVE_MIN_TOKENS = 24  # a stream to leave runs well past the chunks read before leaving
+READINGS_PER_SAMPLE, READING_GAP_S = 3, 0.5
+DRAIN_TIMEOUT_S = 60.0
+REQUEST_TIMEOUT_S = 60.0
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=600.0, help="seconds of load")
+    parser.add_argument("--interval", type=float, default=30.0, help="seconds between samples")
+    parser.add_argument("--warmup", type=float, default=60.0, help="seconds before the baseline sample")
+    parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=256, help="distinct prompts, cycled through")
+    parser.add_argument("--input-len", type=int, default=192, help="mean prompt tokens (spread +-90%%)")
+    parser.add_argument("--output-len", type=int, default=32, help="mean output tokens (spread +-90%%)")
+    parser.add_argument("--max-growth-pct", type=float, default=5.0)
+    parser.add_argument("--quick", action="store_true", help="60 s, a sample every 10 s, 20 s warm-up")
+    args = parser.parse_args()
+    if args.quick:
+        args.duration, args.interval, args.warmup = 60.0, 10.0, 20.0
+    return args
+
+
+class Gate:
+    """Lets requests start while open; closing it waits for the ones in flight to finish, so that a sample
+    sees the processes between requests."""
+
+    def __init__(self) -> None:
+        self.inflight = 0
+        self._open, self._idle = asyncio.Event(), asyncio.Event()
+        self._open.set()
+        self._idle.set()
+
+    async def enter(self) -> None:
+        await self._open.wait()
+        self.inflight += 1
+        self._idle.clear()
+
+    def leave(self) -> None:
+        self.inflight -= 1
+        if self.inflight == 0:
+            self._idle.set()
+
+    @asynccontextmanager
+    async def closed(self, timeout_s: float) -> AsyncIterator[bool]:
+        """Yields whether every request in flight finished within timeout_s."""
+        self._open.clear()
+        try:
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout_s)
+                drained = True
+            except TimeoutError:
+                drained = False
+            yield drained
+        finally:
+            self._open.set()
+
+
+async def send_plain(client: httpx.AsyncClient, endpoint: Endpoint, request: BenchRequest) -> str | None:
+    """A non-streaming request; its error, or None when it got every token."""
+    body = {**request_body(endpoint, request), "stream": False}
+    body.pop("stream_options")
+    try:
+        response = await client.post(endpoint.url, json=body)
+    except httpx.HTTPError as exc:
+        return f"plain {type(exc).__name__}: {exc}"[:200]
+    if response.status_code != 200:
+        return f"plain HTTP {response.status_code}: {response.text[:200]}"
+    tokens = response.json()["usage"]["completion_tokens"]
+    return None if tokens == request.output_tokens else f"plain: {tokens} of {request.output_tokens} tokens"
+
+
+async def send_and_leave(client: httpx.AsyncClient, endpoint: Endpoint, request: BenchRequest) -> str | None:
+    """A stream left after LEAVE_AFTER_CHUNKS chunks (closing the connection); its error, or None once left."""
+    try:
+        async with client.stream("POST", endpoint.url, json=request_body(endpoint, request)) as response:
+            if response.status_code != 200:
+                return f"leave HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+            chunks = 0
+            async for line in response.aiter_lines():
+                if not line.startswith("data:") or line.endswith("[DONE]"):
+                    continue
+                if "error" in json.loads(line[len("data:"):]):
+                    return f"leave: error event {line[:200]}"
+                chunks += 1
+                if chunks == LEAVE_AFTER_CHUNKS:
+                    return None  # leaving the block closes the connection mid-stream
+    except httpx.HTTPError as exc:
+        return f"leave {type(exc).__name__}: {exc}"[:200]
+    return f"leave: the stream ended after {chunks} chunks, before the client left"
+
+
+async def send_stream(client: httpx.AsyncClient, endpoint: Endpoint, request: BenchRequest) -> str | None:
+    record = await send_request(client, endpoint, request, time.perf_counter())
+    if record.error is not None:
+        return f"stream {record.error}"
+    if record.output_tokens != request.output_tokens:
+        return f"stream: {record.output_tokens} of {request.output_tokens} tokens"
+    return None
+
+
+SENDERS = {"stream": send_stream, "plain": send_plain, "leave": send_and_leave}
+
+
+class Load:
+    """The closed loop: `concurrency` workers, each sending the next request of the cycle until the end time."""
+
+    def __init__(self, router_url: str, model: str, requests: list[BenchRequest], end: float) -> None:
+        self.endpoints = {kind: Endpoint(router_url, model, kind) for kind in set(ENDPOINT_KINDS)}
+        self.requests, self.end = requests, end
+        self.gate = Gate()
+        self.sent = 0
+        self.outcomes: Counter[str] = Counter()  # "stream ok", "plain failed", "leave left", ...
+        self.errors: Counter[str] = Counter()
+
+    async def worker(self, client: httpx.AsyncClient, max_requests: int) -> None:
+        for _ in range(max_requests):
+            if time.monotonic() >= self.end:
+                return
+            await self.gate.enter()
+            try:
+                index, self.sent = self.sent, self.sent + 1
+                mode = MODE_CYCLE[index % len(MODE_CYCLE)]
+                request = self.requests[index % len(self.requests)]
+                if mode == "leave":
+                    request = replace(request, output_tokens=max(request.output_tokens, LEAVE_MIN_TOKENS))
+                endpoint = self.endpoints[ENDPOINT_KINDS[index % len(ENDPOINT_KINDS)]]
+                error = await SENDERS[mode](client, endpoint, request)
+            finally:
+                self.gate.leave()
+            self.outcomes[f"{mode} {'failed' if error else 'left' if mode == 'leave' else 'ok'}"] += 1
+            if error:
+                self.errors[error] += 1
+
+    @property
+    def failed(self) -> int:
+        return sum(count for outcome, count in self.outcomes.items() if outcome.endswith("failed"))
+
+
+async def read_process(client: httpx.AsyncClient, pid: int, url: str) -> ProcessReading:
+    rss_mib, fds, threads = proc_usage(pid)
+    response = await client.get(f"{url}/metrics")
+    response.raise_for_status()
+    return ProcessReading(rss_mib, fds, threads, int(gauge_value(response.text, TASKS_GAUGE)))
+
+
+async def sample(client: httpx.AsyncClient, cluster: ServingCluster, load: Load, t_s: float) -> dict[str, object]:
+    urls = {**cluster.node_urls, **cluster.router_urls}
+    began = time.monotonic()
+    async with load.gate.closed(DRAIN_TIMEOUT_S) as drained:
+        drain_s = time.monotonic() - began
+        readings: dict[str, list[ProcessReading]] = {name: [] for name in urls}
+        for attempt in range(READINGS_PER_SAMPLE):
+            if attempt:
+                await asyncio.sleep(READING_GAP_S)
+            for name, process in cluster.local.processes:
+                if process.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {process.returncode}; see {cluster.local.workdir}")
+                readings[name].append(await read_process(client, process.pid, urls[name]))
+    return {
+        "t_s": round(t_s, 1), "drained": drained, "drain_s": round(drain_s, 2), "load_avg_1m": os.getloadavg()[0],
+        "requests_sent": load.sent, "failed": load.failed,
+        "processes": {name: asdict(quietest(values)) for name, values in readings.items()},
+    }
+
+
+def progress(entry: dict[str, object]) -> str:
+    processes = "  ".join(
+        f"{name} {p['rss_mib']:.1f} MiB {p['open_fds']} fds {p['asyncio_tasks']} tasks"
+        for name, p in entry["processes"].items()  # type: ignore[union-attr]
+    )
+    return (f"[{entry['t_s']:6.1f} s] sent {entry['requests_sent']} failed {entry['failed']} "
+            f"(drain {entry['drain_s']} s, load {entry['load_avg_1m']:.2f})  {processes}")
+
+
+async def soak(cluster: ServingCluster, model: str, requests: list[BenchRequest], args: argparse.Namespace) -> tuple[Load, list[dict]]:
+    start = time.monotonic()
+    load = Load(cluster.router_url, model, requests, end=start + args.duration)
+    timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)
+    # A connection per request, as from many clients: the router must close every socket it accepted (a
+    # descriptor leak shows at once), and between requests it holds none of ours, so its count is steady.
+    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=0)
+    async with (httpx.AsyncClient(timeout=timeout, limits=limits) as client,
+                httpx.AsyncClient(timeout=timeout) as scraper):
+        samples = [await sample(scraper, cluster, load, 0.0)]
+        print(progress(samples[-1]), flush=True)
+        # A request takes well over 10 ms, so this bounds a worker's loop by count as well as by the end time.
+        max_requests = int(args.duration * 100)
+        workers = [asyncio.create_task(load.worker(client, max_requests)) for _ in range(args.concurrency)]
+        for index in range(1, int(args.duration // args.interval) + 1):
+            await asyncio.sleep(max(0.0, start + index * args.interval - time.monotonic()))
+            samples.append(await sample(scraper, cluster, load, time.monotonic() - start))
+            print(progress(samples[-1]), flush=True)
+        await asyncio.wait_for(asyncio.gather(*workers), REQUEST_TIMEOUT_S + DRAIN_TIMEOUT_S)
+    return load, samples
+
+
+def summarize(samples: list[dict], load: Load, args: argparse.Namespace) -> dict[str, object]:
+    times = [entry["t_s"] for entry in samples]
+    growths = {
+        name: {metric: growth(times, [entry["processes"][name][metric] for entry in samples], args.warmup)
+               for metric in METRICS}
+        for name in samples[0]["processes"]
+    }
+    flat = all(g["growth_pct"] < args.max_growth_pct for metrics in growths.values() for g in metrics.values())
+    paused = sum(entry["drain_s"] for entry in samples[1:]) + len(samples[1:]) * (READINGS_PER_SAMPLE - 1) * READING_GAP_S
+    return {
+        "passed": flat and load.failed == 0, "flat": flat, "max_growth_pct": args.max_growth_pct,
+        "growth": growths, "requests_sent": load.sent, "failed": load.failed,
+        "left_mid_stream": load.outcomes["leave left"], "outcomes": dict(sorted(load.outcomes.items())),
+        "errors": dict(load.errors.most_common(10)), "paused_for_samples_s": round(paused, 1),
+        "every_sample_drained": all(entry["drained"] for entry in samples),
+    }
+
+
+def plot(path: Path, samples: list[dict], summary: dict, args: argparse.Namespace) -> None:
+    from kvferry.loadgen.plot import load_pyplot
+
+    pyplot = load_pyplot()
+    figure, panels = pyplot.subplots(1, len(METRICS), figsize=(6 * len(METRICS), 4))
+    minutes = [entry["t_s"] / 60 for entry in samples]
+    titles = {"rss_mib": "resident memory (MiB)", "open_fds": "open file descriptors", "asyncio_tasks": "asyncio tasks"}
+    for axes, metric in zip(panels, METRICS, strict=True):
+        for name in samples[0]["processes"]:
+            pct = summary["growth"][name][metric]["growth_pct"]
+            axes.plot(minutes, [entry["processes"][name][metric] for entry in samples], marker="o", markersize=3,
+                      label=f"{name} ({pct:+.1f}%)")
+        axes.axvspan(0, args.warmup / 60, color="grey", alpha=0.15, label="warm-up")
+        axes.set(title=titles[metric], xlabel="minutes", ylim=(0, None))
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize="small")
+    verdict = "flat" if summary["flat"] else "GREW"
+    figure.suptitle(f"soak: {args.concurrency} streams, {summary['requests_sent']} requests, {summary['failed']} failed, "
+                    f"{summary['left_mid_stream']} left mid-stream; growth after warm-up (in legends): {verdict}")
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+
+
+def main() -> None:
+    args = parse_args()
+    from kvferry.engine.tokenizer import ModelTokenizer
+
+    model = cached_model("llama", "tiny")
+    spec = RandomSpec(args.prompts, args.input_len, args.output_len, range_ratio=0.9)
+    requests = random_requests(TokenWords(ModelTokenizer(model)), spec, seed=14)
+    load_at_start = os.getloadavg()
+    nodes = [NodeSpec("prefill", "prefill-0"), NodeSpec("decode", "decode-0")]
+    with ServingCluster(model, nodes, [RouterSpec(with_index=True)]) as cluster:
+        wait_until_ready(cluster.router_url)
+        load, samples = asyncio.run(soak(cluster, model.name, requests, args))
+    summary = summarize(samples, load, args)
+    print(json.dumps({key: summary[key] for key in ("passed", "requests_sent", "failed", "left_mid_stream", "errors")}))
+    for name, metrics in summary["growth"].items():
+        print(f"  {name}: " + ", ".join(f"{metric} {g['baseline']} -> {g['final']} ({g['growth_pct']:+}%)"
+                                        for metric, g in metrics.items()))
+    payload = {
+        "workload": {"model": "llama tiny", "nodes": "1 prefill + 1 decode, router with the Redis prefix index",
+                     "concurrency": args.concurrency, "duration_s": args.duration, "interval_s": args.interval,
+                     "warmup_s": args.warmup, "prompts": args.prompts, "input_len": args.input_len,
+                     "output_len": args.output_len, "spread": 0.9, "modes": list(MODE_CYCLE),
+                     "endpoint_kinds": list(ENDPOINT_KINDS), "leave_after_chunks": LEAVE_AFTER_CHUNKS,
+                     "readings_per_sample": READINGS_PER_SAMPLE},
+        "summary": summary, "samples": samples,
+        "load_avg": {"start": list(load_at_start), "end": list(os.getloadavg())}, "cpu_cores": os.cpu_count(),
+        "environment": environment(),
+    }
+    if args.quick:
+        out = Path(tempfile.gettempdir())
+        (out / "soak_quick.json").write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"wrote {out / 'soak_quick.json'}")
+        plot(out / "soak_quick.png", samples, summary, args)
+        print(f"wrote {out / 'soak_quick.png'}")
+    else:
+        print(f"wrote {write_results('soak', payload)}")
+        plot(PLOT, samples, summary, args)
+        print(f"wrote {PLOT}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The asyncio task gauge of nodes and router, and what the soak benchmark reads from /proc and judges."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import threading
+from collections.abc import Callable
+
+import anyio.to_thread
+import pytest
+from kvferry.router.metrics import RouterMetrics
+
+from benchmarks.soak_sampling import TASKS_GAUGE, ProcessReading, gauge_value, growth, proc_usage, quietest
+from kvferry.node_metrics import NodeMetrics
+
+SCRAPES: dict[str, Callable[[], bytes]] = {
+    "node": lambda: NodeMetrics("decode", "decode-0").render(0, 0, 0, 16),
+    "router": lambda: RouterMetrics().exposition(),
+}
+
+
+@pytest.mark.parametrize("kind", SCRAPES)
+def test_task_gauge_counts_the_serving_loop_when_scraped_from_a_worker_thread(kind: str) -> None:
+    async def scrape() -> float:
+        # As the server scrapes: a sync route runs in one of the event loop's worker threads.
+        return gauge_value((await anyio.to_thread.run_sync(SCRAPES[kind])).decode(), TASKS_GAUGE)
+
+    async def scenario() -> tuple[float, float, float]:
+        before = await scrape()
+        release = asyncio.Event()
+        waiting = [asyncio.create_task(release.wait()) for _ in range(5)]
+        during = await scrape()
+        release.set()
+        await asyncio.gather(*waiting)
+        return before, during, await scrape()
+
+    before, during, after = asyncio.run(scenario())
+    assert before >= 1  # the scenario's own task, at least
+    assert during - before == 5
+    assert after == before
+
+
+def test_task_gauge_is_zero_outside_any_event_loop() -> None:
+    assert gauge_value(SCRAPES["router"]().decode(), TASKS_GAUGE) == 0
+
+
+def test_proc_usage_sees_descriptors_threads_and_memory_of_a_live_process() -> None:
+    rss_before, fds_before, threads_before = proc_usage(os.getpid())
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait, args=(10,))
+    thread.start()
+    files = [tempfile.TemporaryFile() for _ in range(7)]  # noqa: SIM115 - closed below
+    ballast = b"\x01" * (64 << 20)  # written, so resident
+    try:
+        rss, fds, threads = proc_usage(os.getpid())
+    finally:
+        stop.set()
+        thread.join()
+        for file in files:
+            file.close()
+        del ballast
+    assert fds - fds_before == 7
+    assert threads - threads_before == 1
+    assert rss - rss_before >= 60
+
+
+def test_growth_compares_the_tail_with_the_first_sample_after_the_warmup() -> None:
+    times = [0, 30, 60, 90, 120, 150, 180]
+    values = [50, 80, 100, 99, 101, 102, 106]  # the warm-up's 50 and 80 are not the baseline
+    assert growth(times, values, warmup_s=60) == {"baseline": 100, "final": 103.0, "growth_pct": 3.0}
+    assert growth(times[:4], values[:4], warmup_s=60)["growth_pct"] == -1.0  # a tail of one: no reach-back
+    with pytest.raises(ValueError, match="two samples"):
+        growth(times, values, warmup_s=180)
+    with pytest.raises(ValueError, match="baseline of 0"):
+        growth(times, [0] * len(times), warmup_s=60)
+
+
+def test_quietest_keeps_each_metrics_smallest_reading() -> None:
+    readings = [ProcessReading(100.0, 40, 9, 7), ProcessReading(99.5, 42, 8, 9), ProcessReading(101.0, 41, 9, 6)]
+    assert quietest(readings) == ProcessReading(99.5, 40, 8, 6)
+
+
+def test_gauge_value_names_a_missing_gauge() -> None:
+    with pytest.raises(KeyError, match="kvferry:nothing"):
+        gauge_value("# HELP x y\n# TYPE x gauge\nx 1.0\n", "kvferry:nothing")
