@@ -1,7 +1,9 @@
 """Continuous batching with chunked prefill under a per-step token budget, and preemption by recompute.
 
 Each step serves running sequences first (a decode costs one token of budget, an unfinished prefill its
-next chunk), then admits waiting ones while budget, `max_num_seqs` and blocks allow. When a running
+next chunk), then admits waiting ones while budget, `max_num_seqs` and blocks allow, in arrival order except
+that a prompt whose next uncached block a running sequence is computing waits for it (SGLang's in-batch
+prefix caching: requests sharing a system prompt that arrive together compute it once). When a running
 sequence needs a block and none is left, the newest running sequence is preempted: its blocks are freed
 and it waits at the head of the queue to be computed again (its old blocks may still hit the prefix
 cache). Requests that could never fit are refused at admission, so the loop cannot livelock.
@@ -67,23 +69,43 @@ class Scheduler:
                 budget -= count
                 index += 1
         # Admitting right after a preemption would only take the blocks back from the preempted one.
-        while not preempted and self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            seq = self.waiting[0]
+        # Without a prefix cache there is nothing to wait for.
+        in_flight = self._blocks_being_computed() if self.block_manager.allocator.enable_prefix_caching else None
+        position = 0
+        while not preempted and position < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[position]
             self.block_manager.take_prefix_hits(seq)
+            next_block = seq.num_computed_tokens // self.block_manager.block_size
+            if in_flight is not None and next_block < len(seq.block_hashes) and seq.block_hashes[next_block] in in_flight:
+                # A running sequence is computing this prompt's next block right now (the same system prompt,
+                # arrived together): wait for it to land in the prefix cache rather than compute it twice.
+                self._release(seq)
+                position += 1
+                continue
             count = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if not self.block_manager.allocate_slots(seq, count):
-                self.block_manager.free(seq)
-                seq.num_computed_tokens = 0
+                self._release(seq)
                 break
             if seq.num_cached_tokens == 0 and seq.num_output_tokens == 0:
                 seq.num_cached_tokens = seq.num_computed_tokens
-            self.waiting.popleft()
+            del self.waiting[position]
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            if in_flight is not None:
+                in_flight.update(seq.block_hashes[seq.num_computed_tokens // self.block_manager.block_size :])
             batch.seqs.append(seq)
             batch.num_new_tokens.append(count)
             budget -= count
         return batch
+
+    def _blocks_being_computed(self) -> set[int]:
+        """Hashes of the prompt blocks running sequences have yet to finish computing."""
+        return {block_hash for seq in self.running for block_hash in seq.block_hashes[seq.num_registered_blocks :]}
+
+    def _release(self, seq: Sequence) -> None:
+        """Give back the prefix hits a waiting sequence took, leaving it as it was."""
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
 
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
