@@ -1,7 +1,7 @@
 """Soak (reliability scenario 14): fixed concurrency through a local cluster for ten minutes, and the resident
 memory, open file descriptors and asyncio tasks of the router, the prefill node and the decode node sampled
-every 30 s. Pass: every metric of every process grows less than 5% from the first sample after the warm-up to
-the mean of the last three, and no request fails.
+every 30 s. Pass: every metric of every process grows less than 5% from the mean of the first three samples
+after the one-minute warm-up to the mean of the last three, and no request fails.
 
 The cluster: the tiny random-weight llama (`kvferry make-model`), one prefill node, one decode node and a
 router over them, with a real redis-server holding the node registry and the prefix index. The load: a closed

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 TASKS_GAUGE = "kvferry:asyncio_tasks"
 METRICS = ("rss_mib", "open_fds", "asyncio_tasks")  # judged; threads are recorded too, for the reader
-TAIL_SAMPLES = 3  # the end of a run is the mean of this many last samples
+TAIL_SAMPLES = 3  # each end of a run is the mean of this many samples
 
 
 @dataclass(frozen=True)
@@ -46,12 +46,16 @@ def quietest(readings: list[ProcessReading]) -> ProcessReading:
 
 
 def growth(times_s: list[float], values: list[float], warmup_s: float) -> dict[str, float]:
-    """Growth of one series: the mean of its last TAIL_SAMPLES samples against its first sample at or after
-    warmup_s (caches, pools and compiled code fill before that). The tail never reaches back to the baseline."""
+    """Growth of one series: the mean of its last TAIL_SAMPLES samples against the mean of its first
+    TAIL_SAMPLES at or after warmup_s (caches, pools and compiled code fill before that). Both ends are means
+    because a count such as open descriptors moves by a few between samples (pooled connections to the nodes
+    that the nodes closed as idle, and the router notices on its next call); a short series takes half each."""
     after = [value for time_s, value in zip(times_s, values, strict=True) if time_s >= warmup_s]
     if len(after) < 2:
         raise ValueError(f"growth needs two samples after the {warmup_s:g} s warm-up, got {len(after)}")
-    baseline, final = after[0], statistics.fmean(after[1:][-TAIL_SAMPLES:])
+    window = min(TAIL_SAMPLES, len(after) // 2)
+    baseline, final = statistics.fmean(after[:window]), statistics.fmean(after[-window:])
     if baseline <= 0:  # a live server has memory, descriptors and at least the scrape's own task
         raise ValueError(f"a baseline of {baseline} cannot show growth (was the value read at all?)")
-    return {"baseline": baseline, "final": round(final, 3), "growth_pct": round((final - baseline) / baseline * 100, 2)}
+    return {"baseline": round(baseline, 3), "final": round(final, 3),
+            "growth_pct": round((final - baseline) / baseline * 100, 2)}

@@ -66,13 +66,13 @@ def test_proc_usage_sees_descriptors_threads_and_memory_of_a_live_process() -> N
     assert rss - rss_before >= 60
 
 
-def test_growth_compares_the_tail_with_the_first_sample_after_the_warmup() -> None:
-    times = [0, 30, 60, 90, 120, 150, 180]
-    values = [50, 80, 100, 99, 101, 102, 106]  # the warm-up's 50 and 80 are not the baseline
-    assert growth(times, values, warmup_s=60) == {"baseline": 100, "final": 103.0, "growth_pct": 3.0}
-    assert growth(times[:4], values[:4], warmup_s=60)["growth_pct"] == -1.0  # a tail of one: no reach-back
+def test_growth_compares_the_last_samples_with_the_first_ones_after_the_warmup() -> None:
+    times = [0, 30, 60, 90, 120, 150, 180, 210, 240]
+    values = [50, 80, 100, 99, 101, 102, 104, 103, 108]  # the warm-up's 50 and 80 are left out
+    assert growth(times, values, warmup_s=60) == {"baseline": 100.0, "final": 105.0, "growth_pct": 5.0}
+    assert growth(times[:5], values[:5], warmup_s=60)["growth_pct"] == 1.0  # three samples: one at each end
     with pytest.raises(ValueError, match="two samples"):
-        growth(times, values, warmup_s=180)
+        growth(times, values, warmup_s=240)
     with pytest.raises(ValueError, match="baseline of 0"):
         growth(times, [0] * len(times), warmup_s=60)
 
