@@ -7,6 +7,7 @@ from kvferry.transfer.errors import (
     PeerUnreachableError,
     TransferError,
     TransferRejectedError,
+    TransferRetriesExhaustedError,
     TransferTimeoutError,
 )
 from kvferry.transfer.registry import InMemoryRegistry, PeerRegistry, RedisRegistry
@@ -21,5 +22,6 @@ __all__ = [
     "TransferEngine",
     "TransferError",
     "TransferRejectedError",
+    "TransferRetriesExhaustedError",
     "TransferTimeoutError",
 ]

@@ -10,6 +10,10 @@ class TransferConfig:
     # A batch that has not completed by then fails and its requests are cancelled (receiver dead,
     # peer stalled); KV blocks pinned for it are released by the caller.
     timeout_seconds: float = 2.0
+    # Host writes: ranges whose put (or the flush after them) UCX answered with an error are put again,
+    # those alone, on a new endpoint, at most this many times and within timeout_seconds; then the write
+    # fails with TransferRetriesExhaustedError. 0 fails at the first error.
+    max_retries: int = 2
     # First contact with a peer (hello / hello_ack); a closed peer fails within this.
     handshake_timeout_seconds: float = 1.0
     # How long the loop sleeps in epoll when nothing is in flight; bounds the latency of a submit.

@@ -21,7 +21,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +33,7 @@ from kvferry.transfer.errors import (
     PeerUnreachableError,
     TransferError,
     TransferRejectedError,
+    TransferRetriesExhaustedError,
     TransferTimeoutError,
 )
 from kvferry.transfer.memory import MemoryRegistry
@@ -86,7 +87,13 @@ class TransferEngine:
         self.memory = MemoryRegistry()
         self.write_guard: WriteGuard | None = None
         self.on_write_finished: WriteListener | None = None
-        self.stats = {"malformed_messages": 0, "rejected_writes": 0, "duplicate_messages": 0, "bytes_sent": 0}
+        self.stats = {
+            "malformed_messages": 0, "rejected_writes": 0, "duplicate_messages": 0, "bytes_sent": 0,
+            # puts issued (retried ones again), and attempts after a first one that did not all land
+            "puts": 0, "put_retries": 0,
+            # writes into this engine's memory: completed (each told to the listener once), aborted by the writer
+            "writes_received": 0, "bytes_received": 0, "aborted_writes": 0,
+        }
         self.local_name = ""
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._ops = itertools.count(1)
@@ -190,6 +197,10 @@ class TransferEngine:
         self._commands.put(lambda: self._start_hello(target, future))
         return future.result()
 
+    def in_flight(self) -> int:
+        """Operations not finished yet, either way (a leak check: 0 once every transfer ended)."""
+        return len(self._outbound) + len(self._inbound)
+
     def close(self) -> None:
         self._closing.set()
         if self._thread is not None:
@@ -258,6 +269,9 @@ class TransferEngine:
                 self.worker.wait_for_events(self.config.idle_wait_ms)
         for op in list(self._outbound.values()):
             _fail(op, TransferError("transfer engine closed"))
+        for peer in list(self._rkeys):  # remote keys are UCX objects of this worker: give them back
+            for rkey in self._rkeys.pop(peer).values():
+                ucp_direct.destroy_rkey(rkey)
 
     # ---- endpoints and control messages -----------------------------------------------------
     def _endpoint(self, peer: str, address: bytes | None = None, refresh: bool = False) -> Any:
@@ -334,7 +348,7 @@ class TransferEngine:
         self._outbound[op_id] = op
         self._guarded(op_id, op, lambda: self._send_control(
             target, op, "write", refresh=True, address=self.address.hex(), op=op_id, tag_base=op.data["tag_base"],
-            ranges=np.column_stack((dst, lengths)).tolist(), token=token, iov=host_only,
+            ranges=np.column_stack((dst, lengths)).tolist(), token=token, iov=host_only, timeout=op.deadline - time.monotonic(),
         ))
 
     def _guarded(self, key: int, op: _Operation, action: Callable[[], None]) -> None:
@@ -350,26 +364,69 @@ class TransferEngine:
             return
         endpoint = self._endpoint(op.peer)
         if message["rkeys"]:
-            self._put_data(op, endpoint, message["rkeys"])
+            op.data.update(rkeys=message["rkeys"], attempts=1)
+            self._put_data(op, endpoint, range(len(op.data["lengths"])))
         else:
             sources = list(zip(op.data["src"], op.data["lengths"], strict=True))
             self._send_data(op, endpoint, sources, op.data["tag_base"], message["iov"])
         op.state = "sending"
 
-    def _put_data(self, op: _Operation, endpoint: Any, rkeys: list[list[Any]]) -> None:
-        """One-sided puts straight into the target's ranges (a CMA process_vm_writev on one host, RDMA
-        WRITE across hosts; the target's CPU takes no part), then one flush. Every range is a put, small
-        ones too: with UCX draining many CMA segments per progress call, a 16 KiB put costs a few
-        microseconds, a third of the CPU of the scatter-gather messages small ranges took before. The
-        per-range work is vectorised: a batch of 64 KiB blocks holds 1024 ranges, of 16 KiB 4096."""
-        regions = sorted((int(base), self._rkey(op.peer, endpoint, packed)) for base, packed in rkeys)
+    def _put_data(self, op: _Operation, endpoint: Any, pending: Sequence[int]) -> None:
+        """One-sided puts of the ranges at `pending` (indices into the batch) straight into the target's
+        ranges (a CMA process_vm_writev on one host, RDMA WRITE across hosts; the target's CPU takes no
+        part), then one flush. Every range is a put, small ones too: with UCX draining many CMA segments
+        per progress call, a 16 KiB put costs a few microseconds, a third of the CPU of the scatter-gather
+        messages small ranges took before. The per-range work is vectorised: a batch of 64 KiB blocks
+        holds 1024 ranges, of 16 KiB 4096."""
+        regions = sorted((int(base), self._rkey(op.peer, endpoint, packed)) for base, packed in op.data["rkeys"])
         bases = np.array([base for base, _ in regions], dtype=np.int64)
         keys = np.array([key for _, key in regions], dtype=np.int64)
-        dst = np.asarray(op.data["destinations"], dtype=np.int64)
-        region_keys = keys[np.searchsorted(bases, dst, side="right") - 1]
-        ucp_direct.put_many(endpoint.handle, op.data["src"], op.data["lengths"], op.data["destinations"], region_keys.tolist())
-        op.requests.append(ucp_direct.flush(endpoint.handle, self.worker.handle))
-        op.data["rma"] = True
+        src, dst, lengths = op.data["src"], op.data["destinations"], op.data["lengths"]
+        if len(pending) < len(lengths):  # a retry: only the ranges that did not land
+            src, dst, lengths = ([values[i] for i in pending] for values in (src, dst, lengths))
+        region_keys = keys[np.searchsorted(bases, np.asarray(dst, dtype=np.int64), side="right") - 1]
+        batch = ucp_direct.put_many(endpoint.handle, src, lengths, dst, region_keys.tolist())
+        flush = ucp_direct.flush(endpoint.handle, self.worker.handle)
+        op.requests.append(flush)
+        op.data.update(rma=True, pending=pending, batch=batch, flush=flush)
+        self.stats["puts"] += len(lengths)
+
+    def _end_put_attempt(self, key: int, op: _Operation) -> None:
+        """The flush after a round of puts completed. All landed: say complete. Some did not (UCX answered
+        a put with an error, or the flush failed, which confirms none): put those again on a new endpoint
+        (a failed put leaves its endpoint failed), up to max_retries times within the write's deadline,
+        then fail naming the peer and the attempts. The target sees puts only; write_complete goes once,
+        after the attempt where everything landed, so it records the write once."""
+        flush, batch, pending = op.data.pop("flush"), op.data.pop("batch"), op.data.pop("pending")
+        if flush.status != ucp_direct.UCS_OK:
+            op.requests.remove(flush)  # handled here, not an error of the operation for scan()
+            failed, status = list(pending), flush.status
+        else:
+            failed, status = [pending[i] for i in batch.failed], batch.status
+        if not failed:
+            op.state = "completing"
+            self._send_control(op.peer, op, "write_complete", op=key)
+            return
+        attempts = op.data["attempts"]
+        reason = f"{len(failed)} of {len(pending)} ranges did not land ({ucp_direct.status_string(status)})"
+        self._drop_endpoint(op.peer)
+        if attempts > self.config.max_retries:
+            self._outbound.pop(key, None)
+            _fail(op, TransferRetriesExhaustedError(op.peer, attempts, reason))
+            self._abort_write(op.peer, key, f"gave up after {attempts} attempts")
+            return
+        log.warning("write to %s: %s; retrying them (attempt %d)", op.peer, reason, attempts + 1)
+        op.data["attempts"] = attempts + 1
+        self.stats["put_retries"] += 1
+        self._guarded(key, op, lambda: self._put_data(op, self._endpoint(op.peer, refresh=True), failed))
+
+    def _abort_write(self, peer: str, key: int, reason: str) -> None:
+        """Best effort: tell a target that accepted a write we gave up on, so that it ends the write (and
+        the lease behind it) now rather than at its own deadline. A dead peer never hears it."""
+        try:
+            self._send_control(peer, None, "write_abort", refresh=True, op=key, reason=reason)
+        except TransferError:
+            log.debug("could not tell %s that write %d was abandoned", peer, key)
 
     def _rkey(self, peer: str, endpoint: Any, packed: str) -> int:
         cache = self._rkeys.setdefault(peer, {})
@@ -401,6 +458,10 @@ class TransferEngine:
 
     def _poll_outbound(self, key: int, op: _Operation, now: float) -> None:
         error = op.scan()
+        flush = op.data.get("flush")
+        if flush is not None and flush.completed and (error is None or op.requests[op.checked] is flush):
+            self._end_put_attempt(key, op)
+            return
         if error is not None:
             self._outbound.pop(key, None)
             _cancel(op)
@@ -425,6 +486,8 @@ class TransferEngine:
             _cancel(op)
             self._drop_endpoint(op.peer)
             _fail(op, TransferTimeoutError(f"{op.kind} with {op.peer} did not finish in time (state {op.state})"))
+            if op.kind == "write" and op.state != "requested":  # the target holds the write open
+                self._abort_write(op.peer, key, "timed out")
 
     def _on_write(self, message: protocol.ControlMessage) -> None:
         sender, op_id = message["sender"], message["op"]
@@ -440,7 +503,10 @@ class TransferEngine:
             self._endpoint(sender, address)
             self._send_control(sender, None, "write_reject", op=op_id, reason=reason)
             return
-        op = _Operation(sender, "inbound_write", time.monotonic() + self.config.timeout_seconds)
+        # Held no longer than the writer waits: once it gave up (and said so to its caller) the write
+        # must not complete here, even if this process was stopped and is only now catching up.
+        hold = max(0.0, min(self.config.timeout_seconds, message["timeout"]))
+        op = _Operation(sender, "inbound_write", time.monotonic() + hold)
         op.data = {"token": message["token"], "ranges": ranges}
         endpoint = self._endpoint(sender, address)
         regions = set(targets)
@@ -463,6 +529,16 @@ class TransferEngine:
             return
         op.data["writer_done"] = True  # every put landed before the writer sent this; _poll_inbound ends it
 
+    def _on_write_abort(self, message: protocol.ControlMessage) -> None:
+        key = (message["sender"], message["op"])
+        op = self._inbound.get(key)
+        if op is None or op.kind != "inbound_write":
+            self.stats["duplicate_messages"] += 1
+            return
+        log.warning("%s abandoned write %s: %s", key[0], key[1], message["reason"])
+        self.stats["aborted_writes"] += 1
+        self._end_inbound(key, op)
+
     def _refusal(self, token: str | None, ranges: list[tuple[int, int]], regions: list[Any]) -> str | None:
         if None in regions:
             address, length = ranges[regions.index(None)]
@@ -472,20 +548,26 @@ class TransferEngine:
         return None
 
     def _poll_inbound(self, key: tuple[str, int], op: _Operation, now: float) -> None:
-        failed = op.scan() is not None
-        expired = now > op.deadline
-        if op.kind == "inbound_write" and op.data.get("writer_done", True) and not failed and op.all_completed:
+        # Past its deadline a write fails even if it has just finished: its writer gave up by then (its
+        # own deadline came first) and reported the failure; completing it now would contradict that.
+        if op.scan() is not None or now > op.deadline:
+            self._end_inbound(key, op)
+        elif op.kind == "inbound_write" and op.data.get("writer_done", True) and op.all_completed:
             del self._inbound[key]
             self._send_control(op.peer, None, "write_done", op=key[1])
+            self.stats["writes_received"] += 1
+            self.stats["bytes_received"] += sum(length for _, length in op.data["ranges"])
             self._notify(op.data, True)
-        elif op.kind == "inbound_read" and not failed and op.all_completed:
+        elif op.kind == "inbound_read" and op.all_completed:
             del self._inbound[key]
-        elif failed or expired:
-            del self._inbound[key]
-            _cancel(op)
-            self._drop_endpoint(op.peer)  # cancels whatever receive is still posted into our memory
-            if op.kind == "inbound_write":
-                self._notify(op.data, False)
+
+    def _end_inbound(self, key: tuple[str, int], op: _Operation) -> None:
+        """An inbound operation failed, expired or was abandoned by its peer."""
+        del self._inbound[key]
+        _cancel(op)
+        self._drop_endpoint(op.peer)  # cancels whatever receive is still posted into our memory
+        if op.kind == "inbound_write":
+            self._notify(op.data, False)
 
     def _notify(self, write: dict[str, Any], ok: bool) -> None:
         if self.on_write_finished is not None:

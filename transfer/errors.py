@@ -13,6 +13,18 @@ class PeerUnreachableError(TransferError):
     status = -2
 
 
+class TransferRetriesExhaustedError(TransferError):
+    """Ranges of a write still did not land after the configured retries (UCX answered puts or their
+    flush with an error each time); the message names the peer, the attempts and UCX's error."""
+
+    status = -6
+
+    def __init__(self, peer: str, attempts: int, reason: str) -> None:
+        super().__init__(f"write to {peer!r} failed after {attempts} attempts: {reason}")
+        self.peer = peer
+        self.attempts = attempts
+
+
 class TransferTimeoutError(TransferError):
     """The peer did not finish within the deadline; in-flight requests to it were cancelled."""
 

@@ -6,7 +6,8 @@ side `send_blocks`: it checks the two pools agree, pairs its blocks with the res
 runs that are contiguous on both sides into single messages, and writes them with the lease's token.
 The decode side's write guard accepts only writes inside an open lease; when every reserved block has
 arrived the lease completes (the blocks become the request's), and a lease that ends first is expired:
-its blocks are the caller's to free, and late writes for it are refused.
+its blocks are the caller's to free, and late writes for it are refused. A write into the lease that
+fails (its writer gave up, timed out or died) ends the lease at once: no more of its KV will come.
 """
 
 from __future__ import annotations
@@ -136,8 +137,8 @@ class KVReceiver:
             return False
         remaining = lease.deadline - time.monotonic()
         wait_for = remaining if timeout is None else min(timeout, remaining)
-        if not lease.done.wait(max(0.0, wait_for)):
-            self.expire_due()
+        if not lease.done.wait(max(0.0, wait_for)) or not lease.ok:
+            self.expire_due()  # ended by time, or by a write that failed (its deadline is now)
         return lease.ok
 
     def release(self, handle: DestinationHandle) -> None:
@@ -188,7 +189,13 @@ class KVReceiver:
     def _finished(self, token: str | None, ranges: list[tuple[int, int]], ok: bool) -> None:
         with self._lock:
             lease = self._leases.get(token or "")
-            if lease is None or not ok:
+            if lease is None or lease.ok or lease.deadline <= time.monotonic():
+                return  # ended already: expire_due frees its blocks
+            if not ok:
+                # The writer gave up, died or timed out: no more of this KV will come, so the lease ends
+                # now rather than at its deadline (the next expire_due frees its blocks; wait() returns).
+                lease.deadline = time.monotonic()
+                lease.done.set()
                 return
             for address, length in ranges:  # inside the lease: the guard admitted nothing else
                 first = (address - self.base) // self.block_bytes

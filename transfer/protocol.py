@@ -21,14 +21,18 @@ _LENGTH = struct.Struct("<I")
 SCHEMAS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "hello": {"sender": str, "address": str, "op": int},
     "hello_ack": {"sender": str, "op": int},
+    # timeout: the seconds the writer still waits for this write; the target holds it no longer.
     "write": {
         "sender": str, "address": str, "op": int, "tag_base": int, "ranges": list, "token": (str, type(None)), "iov": bool,
+        "timeout": (int, float),
     },
     # rkeys: [[region address, packed remote key (hex)], ...] when the writer is to put (RMA), else [].
     "write_ready": {"sender": str, "op": int, "iov": bool, "rkeys": list},
     "write_complete": {"sender": str, "op": int},
     "write_reject": {"sender": str, "op": int, "reason": str},
     "write_done": {"sender": str, "op": int},
+    # the writer gave up on a write the target accepted (retries exhausted, timed out): end it now
+    "write_abort": {"sender": str, "op": int, "reason": str},
     "read": {"sender": str, "address": str, "op": int, "tag_base": int, "ranges": list, "iov": bool},
     "read_reject": {"sender": str, "op": int, "reason": str},
 }

@@ -124,20 +124,39 @@ def destroy_rkey(rkey: int) -> None:
 
 def put_many(
     endpoint_handle: int, addresses: Sequence[int], lengths: Sequence[int], remote_addresses: Sequence[int], rkeys: Sequence[int]
-) -> None:
+) -> PutBatch:
     """Start one-sided writes of addresses[i] (lengths[i] bytes) to remote_addresses[i] under rkeys[i];
-    their completion is observed through flush(). map() drives the calls from C: about 1 us a put, where
-    a Python loop with tuple unpacking cost twice that (1024 puts per 64 MiB batch of 64 KiB blocks)."""
+    they have landed once a flush() issued after them completed. map() drives the calls from C: about
+    1 us a put, where a Python loop with tuple unpacking cost twice that (1024 puts per 64 MiB batch of
+    64 KiB blocks)."""
     param = ctypes.byref(_CONTIG_PARAM)
-    pointers = list(map(_UCP.ucp_put_nbx, repeat(endpoint_handle), addresses, lengths, remote_addresses, rkeys, repeat(param)))
-    in_flight = [pointer for pointer in pointers if pointer is not None]
-    first_error = (1 << 64) + UCS_ERR_LAST
-    failed = next((pointer for pointer in in_flight if pointer >= first_error), None)
-    if failed is not None:  # an error pointer is not a request; the requests before it are freed below
-        in_flight = [pointer for pointer in in_flight if pointer < first_error]
-    list(map(_UCP.ucp_request_free, in_flight))  # UCP releases an in-flight request itself when it completes
-    if failed is not None:
-        _check(failed - (1 << 64), "ucp_put_nbx")
+    return PutBatch(list(map(_UCP.ucp_put_nbx, repeat(endpoint_handle), addresses, lengths, remote_addresses, rkeys, repeat(param))))
+
+
+def error_pointer(status: int) -> int:
+    """How UCP answers an operation that failed at once instead of with a request (UCS_STATUS_PTR)."""
+    return (1 << 64) + status
+
+
+class PutBatch:
+    """The puts of one attempt. UCP answers each put with None (done), a request (in flight: freed at
+    once, UCP releases it itself when it completes) or an error pointer (that put failed); `failed`
+    keeps the indices of the failed ones, so that a retry sends those alone."""
+
+    def __init__(self, pointers: list[int | None]) -> None:
+        self.size = len(pointers)
+        in_flight = [pointer for pointer in pointers if pointer is not None]
+        self.failed: list[int] = []
+        self.status = UCS_OK
+        if in_flight and max(in_flight) >= error_pointer(UCS_ERR_LAST):  # rare: find which
+            self.failed = [i for i, p in enumerate(pointers) if p is not None and p >= error_pointer(UCS_ERR_LAST)]
+            self.status = pointers[self.failed[0]] - (1 << 64)  # type: ignore[operator]
+            in_flight = [pointer for pointer in in_flight if pointer < error_pointer(UCS_ERR_LAST)]
+        list(map(_UCP.ucp_request_free, in_flight))
+
+
+def status_string(status: int) -> str:
+    return _UCP.ucs_status_string(status).decode()
 
 
 def flush(endpoint_handle: int, worker_handle: int) -> UcpRequest:

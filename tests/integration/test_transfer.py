@@ -4,19 +4,22 @@ peer registry in a real redis-server."""
 from __future__ import annotations
 
 import random
+import re
 import time
+from dataclasses import replace
 
 import pytest
+from kvferry.kvcache.kv_pool import KVPool
 from kvferry.transfer import (
     LayoutMismatchError,
     PeerUnreachableError,
-    TransferConfig,
     TransferEngine,
     TransferError,
     TransferRejectedError,
     TransferTimeoutError,
 )
 from kvferry.transfer.kv_connector import (
+    COMPATIBILITY_FIELDS,
     DestinationHandle,
     KVReceiver,
     KVSender,
@@ -24,53 +27,11 @@ from kvferry.transfer.kv_connector import (
     pool_description,
 )
 
+from tests.support.block_sets import NUM_BLOCKS, fragmented
 from tests.support.peer_process import PeerProcess
 from tests.support.transfer_peer import block_digests, fill_random, make_pool
 
-NUM_BLOCKS = 256
-
-
-def _fragmented(rng: random.Random, count: int) -> list[int]:
-    """Block ids with gaps and short runs, the way a long-running pool hands them out."""
-    ids: list[int] = []
-    candidate = 1
-    while len(ids) < count:
-        run = rng.randint(1, 5)
-        ids.extend(range(candidate, min(candidate + run, NUM_BLOCKS)))
-        candidate += run + rng.randint(1, 4)
-    if rng.random() < 0.5:  # half the sets out of order too
-        rng.shuffle(ids)
-    return ids[:count]
-
-
-@pytest.fixture
-def local_engine(redis_url, request):
-    engines = []
-
-    def start(name: str, dtype: str = "float32", **config) -> tuple[TransferEngine, object]:
-        pool = make_pool(dtype, NUM_BLOCKS)
-        engine = TransferEngine(TransferConfig(**config))
-        engine.initialize(f"{name}-{request.node.name}", redis_url, "ucx", pool=pool_description("tiny", pool))
-        engines.append(engine)
-        return engine, pool
-
-    yield start
-    for engine in engines:
-        engine.close()
-
-
-@pytest.fixture
-def peers():
-    started: list[PeerProcess] = []
-
-    def start(name: str, redis_url: str, **options) -> PeerProcess:
-        peer = PeerProcess(name, redis_url, **options)
-        started.append(peer)
-        return peer
-
-    yield start
-    for peer in started:
-        peer.close()
+pytest_plugins = ["tests.support.transfer_fixtures"]  # local_engine, peers
 
 
 def test_coalescing_pairs_runs_contiguous_on_both_sides():
@@ -86,8 +47,8 @@ def test_fragmented_blocks_arrive_byte_identical(dtype, redis_url, local_engine,
     receiver = peers(receiver_name, redis_url, dtype=dtype)
     rng = random.Random(dtype)
     for round_index in range(3):
-        src = _fragmented(rng, 40)
-        dst = _fragmented(rng, 40)
+        src = fragmented(rng, 40)
+        dst = fragmented(rng, 40)
         handle = DestinationHandle.from_json(receiver.call("expect", request_id=f"r{round_index}", block_ids=dst)["handle"])
         assert sender.send_blocks(f"r{round_index}", src, handle) == 40 * pool.block_bytes()
         assert receiver.call("wait", request_id=f"r{round_index}")["arrived"]
@@ -109,20 +70,42 @@ def test_only_blocks_the_decode_side_lacks_travel(redis_url, local_engine, peers
     assert stats["leases_completed"] == 1
 
 
-def test_mismatched_pools_are_refused_naming_the_field(redis_url, local_engine, peers, request):
-    engine, pool = local_engine("prefill", "float16")
-    sender = KVSender(engine, pool, "tiny")
-    name = f"decode-{request.node.name}"
-    receiver = peers(name, redis_url, dtype="bfloat16")
-    with pytest.raises(LayoutMismatchError, match="dtype"):
-        sender.handshake(name)
-    handle = DestinationHandle.from_json(receiver.call("expect", request_id="x", block_ids=[1])["handle"])
-    with pytest.raises(LayoutMismatchError, match="dtype"):
-        sender.send_blocks("x", [1], handle)
-    other_size = receiver.call("expect", request_id="y", block_ids=[2])["handle"]
-    other_size["pool"].update(dtype="float16", block_size=32)
-    with pytest.raises(LayoutMismatchError, match="block_size"):
-        sender.send_blocks("y", [2], DestinationHandle.from_json(other_size))
+# One change per handshake field, made to the sender's pool (its values there, the peer's defaults here).
+LAYOUT_CHANGES: dict[str, tuple[str, dict[str, object]]] = {
+    "model": ("another-model", {}),
+    "dtype": ("tiny", {"dtype": "float16"}),
+    "block_size": ("tiny", {"block_size": 32}),
+    "layout": ("tiny", {"layout": "layer-major:[layer,block,kv,slot,head,dim]"}),
+    "num_layers": ("tiny", {"num_layers": 3}),
+    "num_kv_heads": ("tiny", {"num_kv_heads": 4}),
+    "head_dim": ("tiny", {"head_dim": 64}),
+}
+
+
+@pytest.fixture(scope="module")
+def layout_peer(redis_url):
+    peer = PeerProcess("decode-layouts", redis_url)  # the defaults: tiny, float32, 16 tokens, 2 layers, 2 x 32
+    yield peer
+    peer.close()
+
+
+@pytest.mark.parametrize("field", COMPATIBILITY_FIELDS)
+def test_mismatched_pools_are_refused_naming_the_field(field, layout_peer, local_engine):
+    """Every handshake field, at the handshake (the peer's registry record) and at the send (the
+    decode side's handle): refused with the field and both values named, and nothing written."""
+    engine, _ = local_engine("prefill")
+    model, changes = LAYOUT_CHANGES[field]
+    ours = replace(make_pool("float32", 8).layout, **changes)
+    sender = KVSender(engine, KVPool(ours, 8), model)
+    theirs = pool_description("tiny", make_pool("float32", 8))
+    expected = re.escape(f"'decode-layouts' and this node differ in {field}: {theirs[field]!r} there, {sender.description[field]!r} here")
+    with pytest.raises(LayoutMismatchError, match=expected):
+        sender.handshake("decode-layouts")
+    handle = DestinationHandle.from_json(layout_peer.call("expect", request_id=field, block_ids=[1])["handle"])
+    with pytest.raises(LayoutMismatchError, match=expected):
+        sender.send_blocks(field, [1], handle)
+    stats = layout_peer.call("stats")["stats"]
+    assert stats["writes_received"] == stats["rejected_writes"] == 0
 
 
 def test_receiver_that_stops_answering_fails_the_send_within_the_timeout(redis_url, local_engine, peers, request):

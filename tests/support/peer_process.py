@@ -13,8 +13,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class PeerProcess:
-    def __init__(self, name: str, registry: str, **options: object) -> None:
-        args = [sys.executable, "-m", "tests.support.transfer_peer", "--name", name, "--registry", registry]
+    def __init__(self, name: str, registry: str, module: str = "tests.support.transfer_peer", **options: object) -> None:
+        args = [sys.executable, "-m", module, "--name", name, "--registry", registry]
         for key, value in options.items():
             args += [f"--{key.replace('_', '-')}", str(value)]
         env = {**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"}
@@ -37,6 +37,9 @@ class PeerProcess:
 
     def pause(self) -> None:
         os.kill(self.process.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.process.pid, signal.SIGCONT)
 
     def kill(self) -> None:
         if self.process.poll() is None:

@@ -82,7 +82,7 @@ def main() -> None:
                 handle = DestinationHandle.from_json(command["handle"])
                 reply["bytes"] = sender.send_blocks(handle.request_id, command["src_block_ids"], handle)
             elif kind == "stats":
-                reply["stats"] = {**engine.stats, **receiver.stats}
+                reply["stats"] = {**engine.stats, **receiver.stats, "in_flight": engine.in_flight()}
         except TransferError as exc:
             reply = {"ok": False, "error": type(exc).__name__, "message": str(exc)}
         print(json.dumps(reply), flush=True)
