@@ -38,7 +38,10 @@ def _serve_node(args: argparse.Namespace) -> int:
     else:
         from kvferry.decode_node.server import create_app
     # A bounded graceful shutdown: keep-alive connections from a router must not hold a node up.
-    uvicorn.run(create_app(runtime), host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=3)
+    # The standard asyncio loop, which uvicorn would swap for uvloop (a router dependency): the nodes' engine and
+    # transfer threads are tested against it, and only the router's per-token relay was measured to need uvloop.
+    uvicorn.run(create_app(runtime), host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=3,
+                loop="asyncio")
     return 0
 
 
@@ -110,7 +113,10 @@ def _serve_router(args: argparse.Namespace) -> int:
         config = router_config_from(args)
     except (ValidationError, ValueError, OSError) as exc:
         raise SystemExit(f"kvferry router: bad configuration: {exc}") from None
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3)
+    # uvloop and httptools: the router relays every token of every stream, and the pure-Python event loop
+    # and HTTP writer were most of its CPU time per token (docs/router.md, overhead).
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3,
+                loop="uvloop", http="httptools")
     return 0
 
 

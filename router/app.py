@@ -98,6 +98,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
         await cluster.start()
         yield
         await cluster.stop()
+        await service.flow.aclose()
         await client.aclose()
 
     app = FastAPI(title="kvferry router", version="1", lifespan=lifespan)

@@ -10,15 +10,18 @@ A client that leaves (the stream is closed or cancelled) -> abort on the decode 
 from __future__ import annotations
 
 import asyncio
-import json
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import httpx
+import orjson
 from kvferry.router.cluster import ClusterState
 from kvferry.router.errors import APIError, overloaded
 from kvferry.router.metrics import RouterMetrics
+from kvferry.router.node_streams import NodeStreams, StreamErrors, ndjson_lines
 from kvferry.router.scheduling import Decision
 
 from kvferry.internal_api import API_PREFIX, SamplingSpec
@@ -28,19 +31,19 @@ CONTROL_TIMEOUT = httpx.Timeout(10.0, connect=5.0)
 ABORT_TIMEOUT_SECONDS = 2.0
 
 
-def _detail(response: httpx.Response) -> str:
+def _detail(content: bytes) -> str:
     try:
-        body = response.json()
+        body = orjson.loads(content)
     except ValueError:
-        return response.text
+        return content.decode(errors="replace")
     return str(body.get("detail", body)) if isinstance(body, dict) else str(body)
 
 
-def _passed_through(response: httpx.Response, node: str) -> APIError:
+def _passed_through(status: int, content: bytes, node: str) -> APIError:
     """A node's refusal as the client's error: 4xx unchanged, anything else a 502 naming the node."""
-    if 400 <= response.status_code < 500:
-        return APIError(response.status_code, _detail(response))
-    return APIError(502, f"{node} answered {response.status_code}: {_detail(response)}")
+    if 400 <= status < 500:
+        return APIError(status, _detail(content))
+    return APIError(502, f"{node} answered {status}: {_detail(content)}")
 
 
 def local_id(request_id: str) -> str:
@@ -52,6 +55,8 @@ class PDFlow:
     def __init__(self, client: httpx.AsyncClient, cluster: ClusterState, metrics: RouterMetrics,
                  prefill_timeout_seconds: float) -> None:
         self.client, self.cluster, self.metrics = client, cluster, metrics
+        # The token streams bear what the control calls' client bears: the cluster token.
+        self.streams = NodeStreams({k: v for k, v in client.headers.items() if k.lower() == "authorization"})
         self.prefill_timeout = httpx.Timeout(prefill_timeout_seconds, connect=5.0)
         self._aborts: set[asyncio.Task] = set()
 
@@ -70,17 +75,16 @@ class PDFlow:
             # reservation that is still on its way (queued on a busy node) must not stop it.
             running_id = request_id if first is not None or decision.prefill is None else local_id(request_id)
             if first is not None:
-                call = self.client.stream("POST", f"{decode.url}{API_PREFIX}/decode", timeout=None,
-                                          json={"request_id": request_id, **first})
+                call = self.streams.post(f"{decode.url}{API_PREFIX}/decode", {"request_id": request_id, **first})
             else:
                 call = self._generate(decode.url, running_id, prompt_ids, sampling)
             finished = False
             try:
                 async with call as response:
-                    if response.status_code == 409 and first is not None:
+                    if response.status == 409 and first is not None:
                         # The KV did not arrive in time (lease over): the decode node prefills itself.
                         self.metrics.fallback("kv_not_arrived")
-                        await response.aread()
+                        await response.read()
                         running_id = local_id(request_id)
                         async with self._generate(decode.url, running_id, prompt_ids, sampling) as retry:
                             async for chunk in self._chunks(retry, decode.url):
@@ -90,7 +94,7 @@ class PDFlow:
                     async for chunk in self._chunks(response, decode.url):
                         finished = chunk.get("finish_reason") is not None
                         yield chunk
-            except httpx.HTTPError as exc:
+            except StreamErrors as exc:
                 self.cluster.health.record_failure(decode.url)
                 raise APIError(502, f"decode node {decode.name} failed: {exc!r}") from None
             finally:
@@ -99,20 +103,18 @@ class PDFlow:
 
     def _generate(self, url: str, request_id: str, prompt_ids: list[int], sampling: dict) -> Any:
         body = {"request_id": request_id, "prompt_token_ids": prompt_ids, "sampling": sampling}
-        return self.client.stream("POST", f"{url}{API_PREFIX}/generate", json=body, timeout=None)
+        return self.streams.post(f"{url}{API_PREFIX}/generate", body)
 
-    async def _chunks(self, response: httpx.Response, url: str) -> AsyncIterator[dict[str, Any]]:
-        if response.status_code != 200:
-            await response.aread()
-            raise _passed_through(response, f"decode node {url}")
-        async for line in response.aiter_lines():
-            if not line:
-                continue
-            chunk = json.loads(line)
-            if chunk.get("finish_reason") == "error":
-                # The node's engine failed (its own in-band report): an internal error, not a bad gateway.
-                raise APIError(500, f"decode node {url} failed mid-stream: {chunk.get('error')}")
-            yield chunk
+    async def _chunks(self, response: aiohttp.ClientResponse, url: str) -> AsyncIterator[dict[str, Any]]:
+        if response.status != 200:
+            raise _passed_through(response.status, await response.read(), f"decode node {url}")
+        async with contextlib.aclosing(ndjson_lines(response.content.iter_any())) as lines:
+            async for line in lines:
+                chunk = orjson.loads(line)
+                if chunk.get("finish_reason") == "error":
+                    # The node's engine failed (its own in-band report): an internal error, not a bad gateway.
+                    raise APIError(500, f"decode node {url} failed mid-stream: {chunk.get('error')}")
+                yield chunk
 
     async def _prefill_remotely(self, request_id: str, prompt_ids: list[int], sampling: dict,
                                 decision: Decision) -> dict[str, Any] | None:
@@ -126,9 +128,9 @@ class PDFlow:
             self.cluster.health.record_failure(decode.url)
             raise overloaded(503, f"decode node {decode.name} cannot be reached: {exc!r}") from None
         if reserve.status_code == 503:
-            raise overloaded(503, f"decode node {decode.name} has no room: {_detail(reserve)}")
+            raise overloaded(503, f"decode node {decode.name} has no room: {_detail(reserve.content)}")
         if reserve.status_code != 200:
-            raise _passed_through(reserve, f"decode node {decode.name}")
+            raise _passed_through(reserve.status_code, reserve.content, f"decode node {decode.name}")
         handle = reserve.json()["handle"]
         reason: str | None = None
         answered = False
@@ -157,9 +159,12 @@ class PDFlow:
             return None
         if response.status_code != 200:
             self._abort_later(decode.url, request_id)
-            raise _passed_through(response, f"prefill node {prefill.name}")
+            raise _passed_through(response.status_code, response.content, f"prefill node {prefill.name}")
         first = response.json()
         return {"first_token": first["first_token"], "logprobs": first.get("logprobs")}
+
+    async def aclose(self) -> None:
+        await self.streams.aclose()
 
     def _abort_later(self, url: str, request_id: str) -> None:
         """Abort in a task of its own: it must run even when the caller is being cancelled."""

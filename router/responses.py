@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import orjson
 
 Kind = Literal["chat", "completion"]
 TokenText = Callable[[int], str]
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
-    payload = data if isinstance(data, str) else json.dumps(data)
-    return f"data: {payload}\n\n".encode()
+    # orjson: one event per token of every stream, and it takes ~1 us per chunk where json.dumps took ~10.
+    # It writes UTF-8 rather than \u escapes (the same JSON), and null for a -inf logprob (-Infinity is not JSON).
+    payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
+    return b"data: " + payload + b"\n\n"
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:

@@ -1,0 +1,55 @@
+"""The decode nodes' token streams, read through aiohttp rather than the httpx client of the other node calls.
+
+Every token of every stream passes here. httpx's connection pool scans all of its connections (a socket
+readability syscall for each idle one) for every queued request whenever a request starts or ends: with 64
+streams open that was about 12 ms of the router's CPU per request, spent on its one event loop while other
+streams waited, and its pure-Python HTTP reader cost tens of microseconds per token. aiohttp keeps idle
+connections per host in a queue and parses HTTP in C (docs/router.md, overhead).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import aiohttp
+import orjson
+
+# Below uvicorn's 5 s keep-alive on the nodes, so that the router never reuses a connection the node is closing.
+KEEPALIVE_SECONDS = 4.0
+CONNECT_SECONDS = 5.0  # as the router's other node calls; a stream itself may run as long as it runs
+JSON_HEADERS = {"Content-Type": "application/json"}
+StreamErrors = aiohttp.ClientError  # what a failed call or a broken stream raises
+
+
+class NodeStreams:
+    def __init__(self, headers: Mapping[str, str]) -> None:
+        """`headers`: sent on every call (the cluster token)."""
+        self.headers = dict(headers)
+        self._session: aiohttp.ClientSession | None = None
+
+    def post(self, url: str, body: dict[str, Any]) -> Any:  # an `async with` of an aiohttp.ClientResponse
+        if self._session is None:  # made on first use: a session belongs to the running event loop
+            self._session = aiohttp.ClientSession(
+                headers=self.headers, timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_SECONDS),
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS),
+            )
+        return self._session.post(url, data=orjson.dumps(body), headers=JSON_HEADERS)
+
+    async def aclose(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+
+async def ndjson_lines(data: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """The non-empty lines of a byte stream, however its pieces fall (no line length limit)."""
+    rest = b""
+    async for piece in data:
+        lines = (rest + piece).split(b"\n") if rest else piece.split(b"\n")
+        rest = lines.pop()
+        for line in lines:
+            if line.strip():
+                yield line
+    if rest.strip():
+        yield rest
