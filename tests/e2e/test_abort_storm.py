@@ -10,22 +10,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import pytest
 
-from tests.support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster, idle
+from tests.support.disaggregated_cluster import MODEL_NAME, idle
 
 STREAMS = 100
 ABANDONED = 10
 MAX_TOKENS = 16
 ABANDONED_MAX_TOKENS = 1500  # still running when its client leaves
 RETRIES = 5
-
-
-@pytest.fixture
-def cluster(tiny_models):
-    cluster = DisaggregatedCluster(tiny_models["llama"])
-    yield cluster
-    cluster.stop()
 
 
 def _stream(router: str, index: int, abandon: bool, started: threading.Barrier) -> tuple[int, str | None]:
@@ -63,28 +55,30 @@ def _stream(router: str, index: int, abandon: bool, started: threading.Barrier) 
     return tokens, finish
 
 
-def test_abort_storm_loses_nothing_and_leaks_nothing(cluster):
+def test_abort_storm_loses_nothing_and_leaks_nothing(pd_cluster):
     abandoned = set(range(0, STREAMS, STREAMS // ABANDONED))
     barrier = threading.Barrier(STREAMS)
     with ThreadPoolExecutor(STREAMS) as pool:
         results = list(
-            pool.map(lambda i: _stream(cluster.router, i, i in abandoned, barrier), range(STREAMS))
+            pool.map(lambda i: _stream(pd_cluster.router, i, i in abandoned, barrier), range(STREAMS))
         )
     kept = [result for index, result in enumerate(results) if index not in abandoned]
-    assert kept == [(MAX_TOKENS, "length")] * (STREAMS - ABANDONED), f"logs in {cluster.local.workdir}"
+    assert kept == [(MAX_TOKENS, "length")] * (STREAMS - ABANDONED), f"logs in {pd_cluster.local.workdir}"
+    left = [results[index] for index in sorted(abandoned)]
+    assert left == [(-1, None)] * ABANDONED, f"every abandoned stream started before its client left: {left}"
 
     for node in ("decode-0", "prefill-0"):
-        cluster.wait_until(
-            lambda n=node: idle(cluster.stats(n)), 30, lambda n=node: f"{n} idle: {cluster.stats(n)}"
+        pd_cluster.wait_until(
+            lambda n=node: idle(pd_cluster.stats(n)), 30, lambda n=node: f"{n} idle: {pd_cluster.stats(n)}"
         )
     # Every abandoned stream is stopped when its client leaves (not left to run its 1500 tokens), and
     # counted once: the router and the nodes close their streams at once, not at garbage collection.
-    assert cluster.metric("decode-0", "kvferry:aborted_requests_total") == ABANDONED
+    assert pd_cluster.metric("decode-0", "kvferry:aborted_requests_total") == ABANDONED
 
     # Request ids are free again once aborted: the same id reserves, aborts and reserves anew.
-    decode = cluster.urls["decode-0"]
+    decode = pd_cluster.urls["decode-0"]
     body = {"request_id": "storm-again", "prompt_token_ids": [1, 2, 3], "sampling": {"max_tokens": 2}}
     for _ in range(2):
         assert httpx.post(f"{decode}/internal/v1/reserve", json=body, timeout=10).status_code == 200
         assert httpx.post(f"{decode}/internal/v1/abort/storm-again", timeout=10).status_code == 200
-    assert idle(cluster.stats("decode-0"))
+    assert idle(pd_cluster.stats("decode-0"))

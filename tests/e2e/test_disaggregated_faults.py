@@ -10,9 +10,7 @@ import random
 import time
 
 import httpx
-import pytest
 import redis
-from kvferry.engine import LLM, SamplingParams
 
 from tests.support.disaggregated_cluster import (
     LEASE_SECONDS,
@@ -22,19 +20,6 @@ from tests.support.disaggregated_cluster import (
 )
 
 BLOCK_SIZE = 16
-
-
-@pytest.fixture
-def cluster(tiny_models):
-    cluster = DisaggregatedCluster(tiny_models["llama"])
-    yield cluster
-    cluster.stop()
-
-
-def _greedy(tiny_models, prompt: list[int], max_tokens: int) -> list[int]:
-    llm = LLM(tiny_models["llama"], dtype="float32", max_model_len=2048)
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    return llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids
 
 
 def _body(prompt: list[int], max_tokens: int, stream: bool = False) -> dict:
@@ -57,43 +42,43 @@ def _prompt(seed: int, length: int) -> list[int]:
     return [rng.randrange(1000) for _ in range(length)]
 
 
-def test_client_that_disconnects_is_aborted_on_both_nodes(cluster):
-    with _stream(cluster, _prompt(1, 40), max_tokens=1500) as response:
+def test_client_that_disconnects_is_aborted_on_both_nodes(pd_cluster):
+    with _stream(pd_cluster, _prompt(1, 40), max_tokens=1500) as response:
         assert response.status_code == 200
         lines = response.iter_lines()
         assert next(line for line in lines if line).startswith("data: ")
-        cluster.wait_until(
-            lambda: cluster.stats("decode-0")["running"] == 1, 30, "the decode node runs the request"
+        pd_cluster.wait_until(
+            lambda: pd_cluster.stats("decode-0")["running"] == 1, 30, "the decode node runs the request"
         )
     # Leaving the block closed the connection mid-stream.
-    cluster.wait_until(lambda: idle(cluster.stats("decode-0")), 30, "decode node idle, its blocks freed")
-    assert idle(cluster.stats("prefill-0"))
-    assert cluster.metric("decode-0", "kvferry:aborted_requests_total") == 1
-    assert cluster.metric("decode-0", "kvferry:num_requests_running") == 0
+    pd_cluster.wait_until(lambda: idle(pd_cluster.stats("decode-0")), 30, "decode node idle, its blocks freed")
+    assert idle(pd_cluster.stats("prefill-0"))
+    assert pd_cluster.metric("decode-0", "kvferry:aborted_requests_total") == 1
+    assert pd_cluster.metric("decode-0", "kvferry:num_requests_running") == 0
 
 
-def test_prefill_node_killed_falls_back_to_local_prefill_with_the_same_tokens(cluster, tiny_models):
+def test_prefill_node_killed_falls_back_to_local_prefill_with_the_same_tokens(pd_cluster, tiny_llama_greedy):
     prompt = _prompt(2, 70)
-    expected = _greedy(tiny_models, prompt, 8)
-    assert _complete(cluster, prompt, 8)["token_ids"] == expected
-    assert cluster.metric("decode-0", "kvferry:local_prefills_total") == 0
-    cluster.kill("prefill-0")
+    expected = tiny_llama_greedy([prompt], 8)[0]
+    assert _complete(pd_cluster, prompt, 8)["token_ids"] == expected
+    assert pd_cluster.metric("decode-0", "kvferry:local_prefills_total") == 0
+    pd_cluster.kill("prefill-0")
     other = _prompt(3, 50)
-    assert _complete(cluster, other, 8)["token_ids"] == _greedy(tiny_models, other, 8)
-    assert cluster.metric("decode-0", "kvferry:local_prefills_total") == 1
-    assert idle(cluster.stats("decode-0"))
+    assert _complete(pd_cluster, other, 8)["token_ids"] == tiny_llama_greedy([other], 8)[0]
+    assert pd_cluster.metric("decode-0", "kvferry:local_prefills_total") == 1
+    assert idle(pd_cluster.stats("decode-0"))
 
 
-def test_decode_node_killed_mid_stream_ends_the_stream_and_the_prefill_node_holds_nothing(cluster):
+def test_decode_node_killed_mid_stream_ends_the_stream_and_the_prefill_node_holds_nothing(pd_cluster):
     events: list[str] = []
     killed = None
     try:
-        with _stream(cluster, _prompt(4, 60), 1500) as response:
+        with _stream(pd_cluster, _prompt(4, 60), 1500) as response:
             for line in response.iter_lines():
                 if line:
                     events.append(line)
                 if len(events) == 2 and killed is None:
-                    cluster.kill("decode-0")
+                    pd_cluster.kill("decode-0")
                     killed = time.monotonic()
                 assert len(events) < 1000, "the stream went on after its decode node died"
         broken = False
@@ -106,62 +91,62 @@ def test_decode_node_killed_mid_stream_ends_the_stream_and_the_prefill_node_hold
     assert all(c.get("choices", [{}])[0].get("finish_reason") != "length" for c in chunks)
     # Either the stream broke, or it ended with an error event, never as if it completed.
     assert broken or any("error" in c for c in chunks), events[-3:]
-    cluster.wait_until(
-        lambda: idle(cluster.stats("prefill-0")), LEASE_SECONDS + 5, "prefill node holds no blocks"
+    pd_cluster.wait_until(
+        lambda: idle(pd_cluster.stats("prefill-0")), LEASE_SECONDS + 5, "prefill node holds no blocks"
     )
 
 
-def test_redis_stopped_mid_run_requests_still_succeed_and_the_index_recovers(cluster, tiny_models):
-    index = redis.Redis.from_url(cluster.redis.url)
+def test_redis_stopped_mid_run_requests_still_succeed_and_the_index_recovers(pd_cluster, tiny_llama_greedy):
+    index = redis.Redis.from_url(pd_cluster.redis.url)
     node_blocks = f"kvf:{MODEL_NAME}:node-blocks:prefill-0"
     first = _prompt(5, 64)
-    _complete(cluster, first, 4)
-    cluster.wait_until(
+    _complete(pd_cluster, first, 4)
+    pd_cluster.wait_until(
         lambda: index.scard(node_blocks) >= len(first) // BLOCK_SIZE, 30, "prefill-0's blocks indexed"
     )
-    cluster.redis.stop()
+    pd_cluster.redis.stop()
     during = _prompt(6, 48)
-    assert _complete(cluster, during, 6)["token_ids"] == _greedy(tiny_models, during, 6)
-    cluster.restart_redis()  # same port, empty: everything the nodes knew must come back
-    index = redis.Redis.from_url(cluster.redis.url)
-    cluster.wait_until(
+    assert _complete(pd_cluster, during, 6)["token_ids"] == tiny_llama_greedy([during], 6)[0]
+    pd_cluster.restart_redis()  # same port, empty: everything the nodes knew must come back
+    index = redis.Redis.from_url(pd_cluster.redis.url)
+    pd_cluster.wait_until(
         lambda: index.exists("kvf:node:prefill-0") and index.exists("kvf:node:decode-0"),
         30,
         "both nodes back in the node registry",
     )
     expected_blocks = (len(first) + len(during)) // BLOCK_SIZE
-    cluster.wait_until(
+    pd_cluster.wait_until(
         lambda: index.scard(node_blocks) >= expected_blocks, 30, "the prefix index resynchronised"
     )
-    assert cluster.stats("prefill-0")["reporter"]["index_failures"] >= 1
+    assert pd_cluster.stats("prefill-0")["reporter"]["index_failures"] >= 1
     after = _prompt(7, 33)
-    assert _complete(cluster, after, 6)["token_ids"] == _greedy(tiny_models, after, 6)
+    assert _complete(pd_cluster, after, 6)["token_ids"] == tiny_llama_greedy([after], 6)[0]
 
 
-def test_second_turn_of_a_chat_sends_only_the_blocks_the_decode_node_lacks(cluster):
+def test_second_turn_of_a_chat_sends_only_the_blocks_the_decode_node_lacks(pd_cluster):
     first = _prompt(8, 100)
-    sent_before = cluster.stats("prefill-0")["transfer"]["bytes_sent"]
-    reply = _complete(cluster, first, 20)["token_ids"]
-    first_bytes = cluster.stats("prefill-0")["transfer"]["bytes_sent"] - sent_before
+    sent_before = pd_cluster.stats("prefill-0")["transfer"]["bytes_sent"]
+    reply = _complete(pd_cluster, first, 20)["token_ids"]
+    first_bytes = pd_cluster.stats("prefill-0")["transfer"]["bytes_sent"] - sent_before
     block_bytes = first_bytes / math.ceil(len(first) / BLOCK_SIZE)  # the decode node held nothing yet
     assert block_bytes == int(block_bytes) and block_bytes > 0
-    hits_before = cluster.metric("decode-0", "kvferry:prefix_cache_hits_tokens_total")
+    hits_before = pd_cluster.metric("decode-0", "kvferry:prefix_cache_hits_tokens_total")
 
     second = first + reply + _prompt(9, 30)  # the next turn: the history, then the new message
-    _complete(cluster, second, 4)
-    second_bytes = cluster.stats("prefill-0")["transfer"]["bytes_sent"] - sent_before - first_bytes
+    _complete(pd_cluster, second, 4)
+    second_bytes = pd_cluster.stats("prefill-0")["transfer"]["bytes_sent"] - sent_before - first_bytes
     held_blocks = (
-        cluster.metric("decode-0", "kvferry:prefix_cache_hits_tokens_total") - hits_before
+        pd_cluster.metric("decode-0", "kvferry:prefix_cache_hits_tokens_total") - hits_before
     ) / BLOCK_SIZE
     assert held_blocks >= len(first) // BLOCK_SIZE  # at least the first prompt's full blocks stayed on D
     assert second_bytes == (math.ceil(len(second) / BLOCK_SIZE) - held_blocks) * block_bytes
     assert second_bytes < first_bytes
 
 
-def test_kv_that_arrived_but_was_never_claimed_is_freed_after_the_lease(cluster):
+def test_kv_that_arrived_but_was_never_claimed_is_freed_after_the_lease(pd_cluster):
     """A cancel in the gap between P and D (the router gone before it called decode): the decode node
     holds the arrived KV for one more lease, then frees it; a late decode call is refused."""
-    decode, prefill = cluster.urls["decode-0"], cluster.urls["prefill-0"]
+    decode, prefill = pd_cluster.urls["decode-0"], pd_cluster.urls["prefill-0"]
     body = {
         "request_id": "gap-1",
         "prompt_token_ids": _prompt(10, 45),
@@ -173,15 +158,15 @@ def test_kv_that_arrived_but_was_never_claimed_is_freed_after_the_lease(cluster)
         f"{prefill}/internal/v1/prefill", json={**body, "handle": reserve.json()["handle"]}, timeout=10
     )
     assert sent.status_code == 200 and sent.json()["kv_bytes"] > 0, sent.text
-    assert cluster.stats("decode-0")["reserved"] == 1
+    assert pd_cluster.stats("decode-0")["reserved"] == 1
     arrived = time.monotonic()
-    cluster.wait_until(lambda: idle(cluster.stats("decode-0")), LEASE_SECONDS + 5, "the unclaimed KV freed")
+    pd_cluster.wait_until(lambda: idle(pd_cluster.stats("decode-0")), LEASE_SECONDS + 5, "the unclaimed KV freed")
     assert time.monotonic() - arrived >= LEASE_SECONDS * 0.9  # not before the claim window ended
     late = httpx.post(
         f"{decode}/internal/v1/decode", json={"request_id": "gap-1", "first_token": 1}, timeout=10
     )
     assert late.status_code == 409
-    assert idle(cluster.stats("prefill-0"))
+    assert idle(pd_cluster.stats("prefill-0"))
 
 
 def test_stale_index_entries_of_a_dead_prefill_node_are_never_routed_to(tiny_models):

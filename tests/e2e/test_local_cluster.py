@@ -14,7 +14,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from kvferry.engine import LLM, SamplingParams
 
 from tests.support.redis_server import free_port
 
@@ -53,17 +52,11 @@ def _complete(router: str, prompt_ids: list[int]) -> dict:
     return response.json()
 
 
-def _expected(tiny_models, prompts):
-    llm = LLM(tiny_models["llama"], dtype="float32", max_model_len=2048)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True))
-    return [o.outputs[0].token_ids for o in outputs]
-
-
-def test_disaggregated_greedy_output_equals_colocated_under_load(cluster, tiny_models):
+def test_disaggregated_greedy_output_equals_colocated_under_load(cluster, tiny_llama_greedy):
     _, nodes = cluster
     rng = random.Random(4)
     prompts = [[rng.randrange(1000) for _ in range(rng.randint(1, 120))] for _ in range(12)]
-    expected = _expected(tiny_models, prompts)
+    expected = tiny_llama_greedy(prompts, MAX_TOKENS)
     assert _complete(nodes["router"], prompts[0])["choices"][0]["token_ids"] == expected[0]  # one alone
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda p: _complete(nodes["router"], p), prompts))

@@ -12,7 +12,6 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import redis
-from kvferry.engine import LLM, SamplingParams
 
 from tests.support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster
 
@@ -83,7 +82,7 @@ def test_requests_on_the_failed_engine_get_errors_and_the_node_gets_no_new_traff
     assert calls_taken("decode-0") == taken_before
 
 
-def test_prefill_node_dying_before_its_transfer_falls_back_and_frees_the_reservation(tiny_models):
+def test_prefill_node_dying_before_its_transfer_falls_back_and_frees_the_reservation(tiny_models, tiny_llama_greedy):
     dying = {"prefill-0": ["-m", "tests.support.faulty_node", "--die-before-transfer"]}
     cluster = DisaggregatedCluster(tiny_models["llama"], launchers=dying)
     try:
@@ -91,9 +90,7 @@ def test_prefill_node_dying_before_its_transfer_falls_back_and_frees_the_reserva
         started = time.monotonic()
         status, payload = _call(cluster.router, body)
         assert status == 200, payload
-        llm = LLM(tiny_models["llama"], dtype="float32", max_model_len=2048)
-        params = SamplingParams(temperature=0, max_tokens=SHORT, ignore_eos=True)
-        expected = llm.generate([{"prompt_token_ids": body["prompt"]}], params)[0].outputs[0].token_ids
+        expected = tiny_llama_greedy([body["prompt"]], SHORT)[0]
         assert payload["choices"][0]["token_ids"] == expected
         assert time.monotonic() - started < 30
         assert cluster.metric("decode-0", "kvferry:local_prefills_total") == 1

@@ -10,24 +10,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import pytest
 import redis
-from kvferry.engine import LLM, SamplingParams
 
 from tests.support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster, idle
 
 MAX_TOKENS = 8
-
-
-@pytest.fixture(scope="module")
-def greedy(tiny_models):
-    llm = LLM(tiny_models["llama"], dtype="float32", max_model_len=2048)
-    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
-
-    def run(prompts: list[list[int]]) -> list[list[int]]:
-        return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
-
-    return run
 
 
 def _prompts(seed: int, count: int, shared_prefix: int = 0) -> list[list[int]]:
@@ -43,7 +30,7 @@ def _complete(router: str, prompt: list[int]) -> list[int]:
     return response.json()["choices"][0]["token_ids"]
 
 
-def test_router_killed_under_load_then_restarted_loses_nothing_after_the_restart(tiny_models, greedy):
+def test_router_killed_under_load_then_restarted_loses_nothing_after_the_restart(tiny_models, tiny_llama_greedy):
     cluster = DisaggregatedCluster(tiny_models["llama"], num_decode=2)
     try:
         # As long as the tiny model allows: the streams must still run when the router dies.
@@ -74,17 +61,17 @@ def test_router_killed_under_load_then_restarted_loses_nothing_after_the_restart
         router = cluster.add_router("router-restarted", ["prefill-0", "decode-0", "decode-1"], [])
         prompts = _prompts(1, 8)
         with ThreadPoolExecutor(4) as pool:
-            assert list(pool.map(lambda p: _complete(router, p), prompts)) == greedy(prompts)
+            assert list(pool.map(lambda p: _complete(router, p), prompts)) == tiny_llama_greedy(prompts, MAX_TOKENS)
     finally:
         cluster.stop()
 
 
-def test_two_routers_sharing_one_redis_give_the_same_answers(tiny_models, greedy):
+def test_two_routers_sharing_one_redis_give_the_same_answers(tiny_models, tiny_llama_greedy):
     cluster = DisaggregatedCluster(tiny_models["llama"], num_prefill=2)
     try:
         second = cluster.add_router("router-2", ["prefill-0", "prefill-1", "decode-0"], [])
         prompts = _prompts(2, 12, shared_prefix=48)
-        expected = greedy(prompts)
+        expected = tiny_llama_greedy(prompts, MAX_TOKENS)
         index = redis.Redis.from_url(cluster.redis.url)
         assert _complete(cluster.router, prompts[0]) == expected[0]
         warm = cluster.wait_until(
@@ -105,7 +92,7 @@ def test_two_routers_sharing_one_redis_give_the_same_answers(tiny_models, greedy
         cluster.stop()
 
 
-def test_a_redis_that_evicts_index_keys_changes_no_answer(tiny_models, greedy):
+def test_a_redis_that_evicts_index_keys_changes_no_answer(tiny_models, tiny_llama_greedy):
     cluster = DisaggregatedCluster(tiny_models["llama"], num_prefill=2)
     try:
         store = redis.Redis.from_url(cluster.redis.url)
@@ -117,7 +104,7 @@ def test_a_redis_that_evicts_index_keys_changes_no_answer(tiny_models, greedy):
         started = time.monotonic()
         with ThreadPoolExecutor(4) as pool:
             answers = list(pool.map(lambda p: _complete(cluster.router, p), prompts))
-        assert answers == greedy(prompts)
+        assert answers == tiny_llama_greedy(prompts, MAX_TOKENS)
         assert store.info("stats")["evicted_keys"] > 0  # the test did evict
         assert time.monotonic() - started < 60
         for node in ("prefill-0", "prefill-1", "decode-0"):
@@ -126,12 +113,12 @@ def test_a_redis_that_evicts_index_keys_changes_no_answer(tiny_models, greedy):
         cluster.stop()
 
 
-def test_a_cluster_started_while_redis_is_down_serves_and_joins_redis_when_it_comes(tiny_models, greedy):
+def test_a_cluster_started_while_redis_is_down_serves_and_joins_redis_when_it_comes(tiny_models, tiny_llama_greedy):
     cluster = DisaggregatedCluster(tiny_models["llama"], redis_down_at_start=True)
     try:
         prompts = _prompts(4, 4)
         started = time.monotonic()
-        assert [_complete(cluster.router, p) for p in prompts] == greedy(prompts)
+        assert [_complete(cluster.router, p) for p in prompts] == tiny_llama_greedy(prompts, MAX_TOKENS)
         assert time.monotonic() - started < 60  # each Redis call gives up within its socket timeout
         cluster.restart_redis()
         store = redis.Redis.from_url(cluster.redis.url)
@@ -140,7 +127,7 @@ def test_a_cluster_started_while_redis_is_down_serves_and_joins_redis_when_it_co
         cluster.wait_until(lambda: store.scard(f"kvf:{MODEL_NAME}:node-blocks:prefill-0") > 0, 30, "the index filled")
         local_before = cluster.metric("decode-0", "kvferry:local_prefills_total")
         more = _prompts(5, 4)
-        assert [_complete(cluster.router, p) for p in more] == greedy(more)
+        assert [_complete(cluster.router, p) for p in more] == tiny_llama_greedy(more, MAX_TOKENS)
         # With the registry back, the prefill node finds the decode node: the KV travels again.
         assert cluster.metric("decode-0", "kvferry:local_prefills_total") == local_before
     finally:
