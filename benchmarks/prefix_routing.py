@@ -141,31 +141,56 @@ def policy_rows(model: Path, words: TokenWords, workload: Workload, args: argpar
 
 def router_overhead(args: argparse.Namespace) -> dict[str, object]:
     """p50 TTFT and ITL of `streams` concurrent streams through a colocated router and straight to the
-    decode node, rounds alternating; the medians over rounds."""
+    decode node, rounds alternating; the medians over rounds. The decode node has core 1; this process (the
+    load generator) and the router, which inherits its affinity, share core 0 in both modes: the router's
+    work cannot take the node's core (a deployment gives the router CPUs of its own), and the direct mode's
+    client sits where the router mode's does. The router's CPU time per output token is recorded too: the
+    latencies follow how busy the shared machine is, its CPU time much less so."""
+
+    def cpu_seconds(pid: int) -> float:  # user + system time of a process (Linux /proc)
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     model = cached_model("llama", "tiny")
     tokenizer = ModelTokenizer(model)
     spec = RandomSpec(args.streams * 3, input_len=64, output_len=64)
     requests = with_token_ids(random_requests(TokenWords(tokenizer), spec, seed=7), tokenizer)
     shape = LoadShape(concurrency=args.streams, time_limit_s=args.time_limit)
     p50 = {"router": {"ttft": [], "itl": []}, "direct": {"ttft": [], "itl": []}}
-    with ServingCluster(model, [NodeSpec("decode", "decode-0", core=1)]) as cluster:
-        endpoints = {"router": Endpoint(cluster.router_url, model.name),
-                     "direct": Endpoint(cluster.node_urls["decode-0"], model.name, kind="node")}
-        offer(endpoints["router"], requests[: args.streams], shape)  # warm-up
-        for round_index in range(args.overhead_rounds):
-            for mode in (("router", "direct") if round_index % 2 == 0 else ("direct", "router")):
-                result = offer(endpoints[mode], requests, shape)
-                summary = summarize(result.records, result.duration_s, Slo())
-                p50[mode]["ttft"].append(summary["ttft_s"]["p50"])
-                p50[mode]["itl"].append(summary["itl_s"]["p50"])
+    router_cpu_us_per_token: list[float] = []
+    load_1m: dict[str, list[float]] = {"router": [], "direct": []}  # after each round
+    affinity = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {0})
+    try:
+        with ServingCluster(model, [NodeSpec("decode", "decode-0", core=1)]) as cluster:
+            router_pid = next(process.pid for name, process in cluster.local.processes if name == "router")
+            endpoints = {"router": Endpoint(cluster.router_url, model.name),
+                         "direct": Endpoint(cluster.node_urls["decode-0"], model.name, kind="node")}
+            offer(endpoints["router"], requests[: args.streams], shape)  # warm-up
+            for round_index in range(args.overhead_rounds):
+                for mode in (("router", "direct") if round_index % 2 == 0 else ("direct", "router")):
+                    cpu_before = cpu_seconds(router_pid)
+                    result = offer(endpoints[mode], requests, shape)
+                    summary = summarize(result.records, result.duration_s, Slo())
+                    p50[mode]["ttft"].append(summary["ttft_s"]["p50"])
+                    p50[mode]["itl"].append(summary["itl_s"]["p50"])
+                    load_1m[mode].append(round(os.getloadavg()[0], 2))
+                    if mode == "router":
+                        tokens = sum(r.output_tokens for r in result.records if r.error is None)
+                        router_cpu_us_per_token.append((cpu_seconds(router_pid) - cpu_before) / max(tokens, 1) * 1e6)
+    finally:
+        os.sched_setaffinity(0, affinity)
     medians = {mode: {k: statistics.median(v) for k, v in values.items()} for mode, values in p50.items()}
     return {
         "streams": args.streams, "rounds": args.overhead_rounds, "model": "llama tiny",
+        "cores": {"decode_node": 1, "router_and_load_generator": 0},
         "ttft_p50_s": {mode: m["ttft"] for mode, m in medians.items()},
         "itl_p50_s": {mode: m["itl"] for mode, m in medians.items()},
         "added_ttft_p50_ms": (medians["router"]["ttft"] - medians["direct"]["ttft"]) * 1000,
         "added_itl_p50_pct": (medians["router"]["itl"] / medians["direct"]["itl"] - 1) * 100 if medians["direct"]["itl"] else None,
-        "per_round_p50": p50,
+        "router_cpu_us_per_token": statistics.median(router_cpu_us_per_token),
+        "per_round_p50": p50, "per_round_router_cpu_us_per_token": router_cpu_us_per_token,
+        "per_round_load_avg_1m": load_1m,
     }
 
 
