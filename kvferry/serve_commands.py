@@ -57,6 +57,8 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--registry", default=None, help="node registry URL (redis:// or file://); default --redis-url")
     parser.add_argument("--policy", default=None, help="round_robin, least_load, prefix, default, or one from --config")
     parser.add_argument("--api-key", action="append", default=[], help="an accepted API key; repeat; env KVFERRY_API_KEYS")
+    parser.add_argument("--cluster-token-file", default=None,
+                        help="file holding the nodes' shared token, sent on every node call (default: env KVFERRY_CLUSTER_TOKEN)")
     parser.add_argument("--metrics-auth", action="store_true", default=None, help="/metrics needs an API key too")
     parser.add_argument("--discovery", choices=("static", "registry", "kubernetes"), default=None)
     parser.add_argument("--namespace", default=None, help="kubernetes discovery: the nodes' namespace")
@@ -95,6 +97,7 @@ def router_config_from(args: argparse.Namespace):  # -> kvferry.router.config.Ro
         "max_inflight": args.max_inflight,
         "probe_timeout_seconds": args.probe_timeout,
         "routing_history_seconds": args.routing_history,
+        "cluster_token_file": args.cluster_token_file,
         "default_max_tokens": args.default_max_tokens,
         "discovery": {"mode": args.discovery, "prefill": args.prefill, "decode": args.decode, "namespace": args.namespace,
                       "selectors": selectors or None, "port": args.node_port, "kubeconfig": args.kubeconfig},
