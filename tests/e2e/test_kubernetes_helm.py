@@ -70,6 +70,12 @@ def test_rendered_manifests_pass_a_server_side_dry_run(cluster: Cluster, values:
     assert documents, "nothing rendered"
     done = cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-", input=rendered)
     assert len(done.stdout.splitlines()) == len(documents)
+    if "networkPolicy.enabled=true" in values:
+        policies = {doc["metadata"]["name"].rsplit("-", 1)[-1]: doc["spec"] for doc in documents if doc["kind"] == "NetworkPolicy"}
+        assert sorted(policies) == ["kvferry", "nodes", "redis"]
+        nodes = policies["nodes"]
+        assert {"key": "app.kubernetes.io/component", "operator": "In", "values": ["prefill", "decode"]} in nodes["podSelector"]["matchExpressions"]
+        assert nodes["ingress"] == [{"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "kvferry"}}}]}]
     for doc in documents:
         if doc["kind"] == "Deployment":
             pod = doc["spec"]["template"]["spec"]
