@@ -28,7 +28,7 @@ from kvferry.engine import LLMEngine  # noqa: E402
 from kvferry.engine.engine_args import EngineArgs  # noqa: E402
 
 KINDS = (("matmul", ("gemm", "gemv", "cutlass", "nvjet", "sm90", "cublas")), ("attention", ("_decode_",)),
-         ("norm", ("_rms_norm",)), ("rope", ("_rope",)), ("kv store", ("_store_kv",)), ("silu-mul", ("silu",)))  # fmt: skip
+         ("norm", ("_rms_norm",)), ("rope + kv store", ("_rope", "_store_kv")), ("silu-mul", ("silu",)))  # fmt: skip
 
 
 def kind_of(kernel: str) -> str:

@@ -35,12 +35,13 @@ class DecodeGraphs:
         self.batch_sizes = sorted(batch_sizes)
         device = pool.tensor.device
         largest = self.batch_sizes[-1]
-        self.step_inputs = torch.zeros(4, largest, dtype=torch.long, device=device)
+        # Each size's graph reads its [4, size] inputs from the front of one flat buffer, so a step's inputs
+        # arrive in one contiguous copy from the runner's pinned host buffer.
+        self.step_inputs = torch.zeros(4 * largest, dtype=torch.long, device=device)
         self.block_tables = torch.full((largest, max_blocks_per_seq), NULL_BLOCK_ID, dtype=torch.long, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.num_replays = 0  # decode steps served by this object, so tests can tell graphs ran
-        self.step_inputs[CONTEXT_LEN].fill_(1)  # padding's values: slot 0 of the null block
         if not eager:
             self._capture_all()
 
@@ -48,8 +49,12 @@ class DecodeGraphs:
     def max_batch(self) -> int:
         return self.batch_sizes[-1]
 
+    def inputs(self, size: int) -> torch.Tensor:
+        """The [4, size] step inputs (token, position, slot, context length) the graph of `size` reads."""
+        return self.step_inputs[: 4 * size].view(4, size)
+
     def _forward(self, size: int) -> torch.Tensor:
-        inputs = self.step_inputs[:, :size]
+        inputs = self.inputs(size)
         empty = self.block_tables[:0]
         meta = AttentionMetadata(
             slot_mapping=inputs[SLOT],
@@ -68,6 +73,8 @@ class DecodeGraphs:
         memory_pool = torch.cuda.graph_pool_handle()
         # Largest first: the smaller graphs then fit in the memory the largest one's pool already holds.
         for size in reversed(self.batch_sizes):
+            self.step_inputs.zero_()
+            self.inputs(size)[CONTEXT_LEN].fill_(1)  # padding's values: slot 0 of the null block
             self._forward(size)  # compiles the Triton kernels for this size outside the capture
             torch.cuda.synchronize()
             graph = torch.cuda.CUDAGraph()
@@ -82,11 +89,13 @@ class DecodeGraphs:
         return self.batch_sizes[index] if index < len(self.batch_sizes) else None
 
     def replay(self, step_inputs: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-        """step_inputs [4, padded size] on the host, padding included; block_tables [batch, width] for the
-        real rows. Returns the padded batch's float32 logits, valid until the next replay."""
+        """step_inputs [4, padded size] on the host, contiguous, padding included; block_tables [batch,
+        width] for the real rows. Both are copied without waiting (pinned host memory on CUDA: the caller
+        keeps them unchanged until the step's results are read). Returns the padded batch's float32
+        logits, valid until the next replay."""
         size = step_inputs.shape[1]
         batch, width = block_tables.shape
-        self.step_inputs[:, :size].copy_(step_inputs, non_blocking=True)
+        self.inputs(size).copy_(step_inputs, non_blocking=True)
         self.block_tables[:batch, :width].copy_(block_tables, non_blocking=True)
         self.num_replays += 1
         if self.eager:

@@ -60,11 +60,11 @@ class CausalLM:
             normed, residual = kernels.rms_norm(hidden, layer.input_norm, cfg.rms_norm_eps, residual)
             attn = self._attention(index, layer, normed, positions, meta, pool)
             normed, residual = kernels.rms_norm(attn, layer.post_attention_norm, cfg.rms_norm_eps, residual)
-            hidden = F.linear(kernels.silu_and_mul(F.linear(normed, layer.gate_up)), layer.down)
+            hidden = kernels.linear(kernels.silu_and_mul(kernels.linear(normed, layer.gate_up)), layer.down)
         return kernels.rms_norm(hidden, w.final_norm, cfg.rms_norm_eps, residual)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weights.lm_head).float()
+        return kernels.linear(hidden, self.weights.lm_head).float()
 
     def _attention(
         self,
@@ -76,7 +76,7 @@ class CausalLM:
         pool: KVPool,
     ) -> torch.Tensor:
         cfg = self.config
-        qkv = F.linear(x, layer.qkv, layer.qkv_bias)
+        qkv = kernels.linear(x, layer.qkv, layer.qkv_bias)
         q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
         q = q.view(-1, cfg.num_heads, cfg.head_dim)
         k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
@@ -84,16 +84,15 @@ class CausalLM:
         if cfg.qk_norm:
             q = kernels.head_rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
             k = kernels.head_rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
-        q, k = kernels.apply_rope(q, k, positions, self.cos_sin)
         key_cache, value_cache = pool.layer_kv(index)
-        kernels.store_kv(k, v, key_cache, value_cache, meta.slot_mapping)
+        q = kernels.apply_rope_and_store_kv(q, k, v, positions, self.cos_sin, key_cache, value_cache, meta.slot_mapping)
 
         decodes = meta.num_decode_seqs
         if decodes == q.shape[0]:  # a decode-only batch writes its output in place: no copy kernel a layer
             out = kernels.paged_decode_attention(
                 q, key_cache, value_cache, meta.decode_block_tables, meta.decode_context_lens, self.scale
             )
-            return F.linear(out.view(-1, self.q_size), layer.o_proj)
+            return kernels.linear(out.view(-1, self.q_size), layer.o_proj)
         out = torch.empty_like(q)
         if decodes:
             out[:decodes] = kernels.paged_decode_attention(
@@ -108,4 +107,4 @@ class CausalLM:
             meta.prefill_query_start_loc,
             self.scale,
         )
-        return F.linear(out.view(-1, self.q_size), layer.o_proj)
+        return kernels.linear(out.view(-1, self.q_size), layer.o_proj)

@@ -1,7 +1,8 @@
 """Turns a scheduled batch into tensors, runs the model over the paged pool, and samples.
 
 Decode-only batches replay a CUDA graph when the runner has them (engine/cuda_graphs.py); every other batch,
-and every batch on the CPU, runs the model eagerly.
+and every batch on the CPU, runs the model eagerly. `launch` queues the GPU work and returns at once;
+`collect` samples, which waits for it, so the engine can prepare the next step while the GPU runs.
 """
 
 from __future__ import annotations
@@ -17,6 +18,39 @@ from kvferry.engine.scheduler import ScheduledBatch
 from kvferry.engine.sequence import Sequence
 from kvferry.kvcache.allocator import NULL_BLOCK_ID
 from kvferry.kvcache.kv_pool import KVPool
+
+
+@dataclass
+class Launched:
+    """A batch whose forward is queued: the logits rows to sample, one per sequence in `sampling_seqs`."""
+
+    sampling_seqs: list[Sequence]
+    logits: torch.Tensor | None
+
+
+class BlockTableRows:
+    """The decode graphs' block tables, kept on the host (pinned on CUDA) and updated in place: a row is
+    written again only where its sequence's block list grew or was replaced. At a steady decode batch
+    that is one new block per row every block_size steps, where building the table from lists again each
+    step cost a few microseconds a row. Block lists only grow in place (`extend`) or are replaced by
+    a new list, so holding the list a row was written from tells which entries are still right."""
+
+    def __init__(self, rows: int, width: int, pin: bool) -> None:
+        self.table = torch.full((rows, width), NULL_BLOCK_ID, dtype=torch.long, pin_memory=pin)
+        self._array = self.table.numpy()
+        self._lists: list[list[int] | None] = [None] * rows
+        self._written = [0] * rows
+
+    def fill(self, seqs: list[Sequence]) -> torch.Tensor:
+        """[len(seqs), width]: row i holds seqs[i]'s blocks (entries past them are stale, never read)."""
+        for row, seq in enumerate(seqs):
+            blocks = seq.block_ids
+            start = self._written[row] if self._lists[row] is blocks else 0
+            if start < len(blocks):
+                self._array[row, start : len(blocks)] = blocks[start:]
+                self._lists[row] = blocks
+                self._written[row] = len(blocks)
+        return self.table[: len(seqs)]
 
 
 @dataclass
@@ -37,6 +71,7 @@ class ModelRunner:
         self.device = device
         self.block_size = pool.layout.block_size
         self.graphs = graphs
+        self._graph_inputs: tuple[DecodeGraphs, torch.Tensor, BlockTableRows] | None = None
 
     def _block_table(self, seqs: list[Sequence]) -> torch.Tensor:
         width = max((len(s.block_ids) for s in seqs), default=0)
@@ -94,35 +129,57 @@ class ModelRunner:
             return None
         return self.graphs.padded_size(len(batch.seqs))
 
+    def _graph_buffers(self, graphs: DecodeGraphs) -> tuple[torch.Tensor, BlockTableRows]:
+        """Host-side step inputs and block tables for these graphs, made once (tests swap `graphs` in)."""
+        if self._graph_inputs is None or self._graph_inputs[0] is not graphs:
+            pin = self.device.type == "cuda"
+            step_inputs = torch.empty(4 * graphs.max_batch, dtype=torch.long, pin_memory=pin)
+            tables = BlockTableRows(graphs.max_batch, graphs.block_tables.shape[1], pin)
+            self._graph_inputs = graphs, step_inputs, tables
+        return self._graph_inputs[1:]
+
     def _replay_decode(self, seqs: list[Sequence], size: int) -> torch.Tensor:
-        """Logits [len(seqs), vocab] of a decode-only batch, from the graph of `size` rows."""
+        """Queues the graph of `size` rows for a decode-only batch; its logits [size, vocab] on the device."""
+        graphs = self.graphs
+        assert graphs is not None
+        flat_inputs, tables = self._graph_buffers(graphs)
+        step_inputs = flat_inputs[: 4 * size].view(4, size)  # contiguous, as the graph's own buffer
         positions = [seq.num_computed_tokens for seq in seqs]
-        padding = size - len(seqs)
-        step_inputs = torch.empty(4, size, dtype=torch.long)
-        step_inputs[TOKEN] = torch.tensor([seq.token_ids[p] for seq, p in zip(seqs, positions, strict=True)] + [0] * padding)
-        step_inputs[POSITION] = torch.tensor(positions + [0] * padding)
-        slots = [seq.block_ids[p // self.block_size] * self.block_size + p % self.block_size
-                 for seq, p in zip(seqs, positions, strict=True)]  # fmt: skip
-        step_inputs[SLOT] = torch.tensor(slots + [NULL_BLOCK_ID * self.block_size] * padding)
-        step_inputs[CONTEXT_LEN] = torch.tensor([p + 1 for p in positions] + [1] * padding)
-        logits = self.graphs.replay(step_inputs, self._block_table(seqs))  # type: ignore[union-attr]
-        return logits[: len(seqs)]
+        batch, block_size = len(seqs), self.block_size
+        inputs = step_inputs.numpy()
+        inputs[TOKEN, :batch] = [seq.token_ids[p] for seq, p in zip(seqs, positions, strict=True)]
+        inputs[POSITION, :batch] = positions
+        inputs[SLOT, :batch] = [seq.block_ids[p // block_size] * block_size + p % block_size
+                                for seq, p in zip(seqs, positions, strict=True)]  # fmt: skip
+        inputs[CONTEXT_LEN, :batch] = [p + 1 for p in positions]
+        # Padding rows: token 0 at position 0 into slot 0 of the null block, with a context of one token.
+        inputs[TOKEN, batch:] = 0
+        inputs[POSITION, batch:] = 0
+        inputs[SLOT, batch:] = NULL_BLOCK_ID * block_size
+        inputs[CONTEXT_LEN, batch:] = 1
+        return graphs.replay(step_inputs, tables.fill(seqs))
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> tuple[list[Sequence], SamplerOutput]:
-        """Forward the batch; sample one token for each sequence that computed all its known tokens."""
+    def launch(self, batch: ScheduledBatch) -> Launched:
+        """Queue the batch's forward; sampling waits in collect(). Which sequences sample is fixed here,
+        from the state the batch was scheduled with."""
         graph_size = self._graph_size(batch)
         if graph_size is not None:
-            logits = self._replay_decode(batch.seqs, graph_size)
+            logits = self._replay_decode(batch.seqs, graph_size)[: len(batch.seqs)]
             # A one-token prefill chunk that stops short of the prompt's end samples nothing.
             rows = [i for i, seq in enumerate(batch.seqs) if seq.num_computed_tokens + 1 == seq.num_tokens]
-            sampling_seqs = [batch.seqs[i] for i in rows]
             if len(rows) < len(batch.seqs):
                 logits = logits[rows]
-            return sampling_seqs, sample(logits, sampling_seqs)
+            return Launched([batch.seqs[i] for i in rows], logits)
         prepared = self.prepare(batch)
         hidden = self.model.forward(prepared.input_ids, prepared.positions, prepared.meta, self.pool)
         if not prepared.sampling_seqs:
+            return Launched([], None)
+        return Launched(prepared.sampling_seqs, self.model.logits(hidden[prepared.sample_rows]))
+
+    @torch.inference_mode()
+    def collect(self, launched: Launched) -> tuple[list[Sequence], SamplerOutput]:
+        """Sample one token for each sequence that computed all its known tokens."""
+        if launched.logits is None:
             return [], SamplerOutput([], [])
-        logits = self.model.logits(hidden[prepared.sample_rows])
-        return prepared.sampling_seqs, sample(logits, prepared.sampling_seqs)
+        return launched.sampling_seqs, sample(launched.logits, launched.sampling_seqs)

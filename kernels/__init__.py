@@ -2,7 +2,9 @@
 
 from kvferry.kernels.dispatch import (
     apply_rope,
+    apply_rope_and_store_kv,
     head_rms_norm,
+    linear,
     paged_decode_attention,
     paged_prefill_attention,
     rms_norm,
@@ -12,7 +14,9 @@ from kvferry.kernels.dispatch import (
 
 __all__ = [
     "apply_rope",
+    "apply_rope_and_store_kv",
     "head_rms_norm",
+    "linear",
     "paged_decode_attention",
     "paged_prefill_attention",
     "rms_norm",

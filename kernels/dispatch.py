@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 import torch
+import torch.nn.functional as F
 from kvferry.kernels import reference
 
 BACKEND_VARIABLE = "KVFERRY_KERNELS"
@@ -26,6 +27,17 @@ def use_triton(tensor: torch.Tensor) -> bool:
     if choice not in BACKENDS:
         raise ValueError(f"{BACKEND_VARIABLE} must be one of {BACKENDS}, got {choice!r}")
     return choice == "triton" or (choice == "auto" and tensor.is_cuda)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear; one 16-bit row without a bias (a batch-1 decode step) takes the Triton GEMV, which
+    reads the weights faster than cuBLAS does for one row (kernels/triton_linear.py)."""
+    one_row = x.dim() == 2 and x.shape[0] == 1 and bias is None and x.dtype in (torch.bfloat16, torch.float16)
+    if one_row and use_triton(x):
+        from kvferry.kernels import triton_linear
+
+        return triton_linear.gemv(x, weight)
+    return F.linear(x, weight, bias)
 
 
 def rms_norm(
@@ -54,6 +66,25 @@ def apply_rope(
 
         return triton_rope.apply_rope(q, k, positions, cos_sin_cache)
     return reference.apply_rope(q, k, positions, cos_sin_cache)
+
+
+def apply_rope_and_store_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """RoPE on q and k, the rotated k and v into their pool slots; returns the rotated q."""
+    args = (q, k, v, positions, cos_sin_cache, key_cache, value_cache, slot_mapping)
+    if use_triton(q):
+        from kvferry.kernels import triton_rope
+
+        return triton_rope.apply_rope_and_store_kv(*args)
+    return reference.apply_rope_and_store_kv(*args)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:

@@ -63,6 +63,22 @@ def store_kv(
     value_cache[blocks, offsets] = value
 
 
+def apply_rope_and_store_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> torch.Tensor:
+    """apply_rope, then store_kv of the rotated k and of v; returns the rotated q."""
+    q, k = apply_rope(q, k, positions, cos_sin_cache)
+    store_kv(k, v, key_cache, value_cache, slot_mapping)
+    return q
+
+
 def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """The first `length` tokens' [length, kv_heads, dim] of one sequence, read through its block table."""
     block_size = cache.shape[1]

@@ -2,9 +2,12 @@
 
 Split-K: the context of each sequence is cut into `num_splits` equal spans, one program per
 (sequence, kv head, span). Each program loads a span's K/V once for all the query heads of its GQA group
-(the group is the M side of the dot, padded to 16), keeps an online softmax, and writes its normalized
-partial output and log-sum-exp; a second kernel merges the spans. Splitting is what keeps the GPU full
-when batch * kv_heads alone gives too few programs (batch 1 at 32k context: 8 programs for 132 SMs).
+(the group is the M side of the dot, padded to 16) and keeps an online softmax. With one span it writes
+the output directly; with more it writes its normalized partial output and log-sum-exp, takes a ticket
+from a per-(sequence, kv head) counter, and the program that takes the last ticket merges the spans and
+sets the counter back to zero. So decode attention is one launch at every split count (a separate merge
+kernel cost a launch and ~3-5 us a layer on an H200). Splitting is what keeps the GPU full when
+batch * kv_heads alone gives too few programs (batch 1 at 32k context: 8 programs for 132 SMs).
 """
 
 from __future__ import annotations
@@ -42,7 +45,35 @@ DEFAULT_TILING = DecodeTiling()
 
 
 @triton.jit
-def _decode_split_kernel(
+def _merge_spans(partial_out_ptr, partial_lse_ptr, out_ptr, seq, heads, row_mask, dims, dim_mask, num_splits,
+                 stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, stride_ob, stride_oh, stride_od,
+                 BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
+    """Weigh the spans' partial outputs by their log-sum-exps, one span at a time. The partials come
+    from other programs, so they are read from L2 (.cg), never from a stale L1 line."""
+    acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+    best = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([BLOCK_G], dtype=tl.float32)
+    mask = row_mask[:, None] & dim_mask[None, :]
+    for split in range(num_splits):
+        # The first span always holds a key, so `best` is finite from then on and an empty span
+        # (log-sum-exp -inf) weighs zero.
+        lse = tl.load(partial_lse_ptr + seq * stride_plb + heads * stride_plh + split, mask=row_mask,
+                      other=0.0, cache_modifier=".cg")  # fmt: skip
+        part = tl.load(partial_out_ptr + seq * stride_pob + heads[:, None] * stride_poh + split * stride_pos
+                       + dims[None, :], mask=mask, other=0.0, cache_modifier=".cg")  # fmt: skip
+        new_best = tl.maximum(best, lse)
+        correction = tl.exp2(best - new_best)
+        weight = tl.exp2(lse - new_best)
+        acc = acc * correction[:, None] + part * weight[:, None]
+        total = total * correction + weight
+        best = new_best
+    out = acc / total[:, None]
+    out_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :] * stride_od
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _decode_kernel(
     query_ptr,
     key_cache_ptr,
     value_cache_ptr,
@@ -50,6 +81,8 @@ def _decode_split_kernel(
     context_lens_ptr,
     partial_out_ptr,
     partial_lse_ptr,
+    counters_ptr,
+    out_ptr,
     stride_qb,
     stride_qh,
     stride_qd,
@@ -68,8 +101,12 @@ def _decode_split_kernel(
     stride_pos,
     stride_plb,
     stride_plh,
+    stride_ob,
+    stride_oh,
+    stride_od,
     scale_log2,
     num_splits,
+    num_kv_heads,
     group,
     head_dim,
     PAGE_SIZE: tl.constexpr,
@@ -111,43 +148,41 @@ def _decode_split_kernel(
     # which the merge weighs at zero.
     seen = running_sum > 0
     out = acc / tl.where(seen, running_sum, 1.0)[:, None]
-    lse = tl.where(seen, running_max + tl.log2(running_sum), float("-inf"))
-    out_ptrs = partial_out_ptr + seq * stride_pob + heads[:, None] * stride_poh + split * stride_pos + dims[None, :]
-    tl.store(out_ptrs, out, mask=row_mask[:, None] & dim_mask[None, :])
-    tl.store(partial_lse_ptr + seq * stride_plb + heads * stride_plh + split, lse, mask=row_mask)
+    mask = row_mask[:, None] & dim_mask[None, :]
+    # The two branches name their pointers apart: Triton wants a name to keep one type across an if.
+    if num_splits == 1:
+        final_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :] * stride_od
+        tl.store(final_ptrs, out.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        lse = tl.where(seen, running_max + tl.log2(running_sum), float("-inf"))
+        partial_ptrs = partial_out_ptr + seq * stride_pob + heads[:, None] * stride_poh + split * stride_pos
+        tl.store(partial_ptrs + dims[None, :], out, mask=mask)
+        tl.store(partial_lse_ptr + seq * stride_plb + heads * stride_plh + split, lse, mask=row_mask)
+        # Every thread's stores are issued before the one ticket is taken; the ticket's acq_rel order then
+        # makes them visible to whichever program takes the last ticket.
+        tl.debug_barrier()
+        counter = counters_ptr + seq * num_kv_heads + kv_head
+        ticket = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if ticket == num_splits - 1:
+            _merge_spans(partial_out_ptr, partial_lse_ptr, out_ptr, seq, heads, row_mask, dims, dim_mask, num_splits,
+                         stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, stride_ob, stride_oh, stride_od,
+                         BLOCK_G, BLOCK_D)  # fmt: skip
+            tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
-@triton.jit
-def _decode_merge_kernel(
-    partial_out_ptr,
-    partial_lse_ptr,
-    out_ptr,
-    stride_pob,
-    stride_poh,
-    stride_pos,
-    stride_plb,
-    stride_plh,
-    stride_ob,
-    stride_oh,
-    stride_od,
-    num_splits,
-    head_dim,
-    BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    seq, head = tl.program_id(0), tl.program_id(1)
-    splits = tl.arange(0, BLOCK_S)
-    split_mask = splits < num_splits
-    dims = tl.arange(0, BLOCK_D)
-    dim_mask = dims < head_dim
-    lse = tl.load(partial_lse_ptr + seq * stride_plb + head * stride_plh + splits, mask=split_mask,
-                  other=float("-inf"))  # fmt: skip
-    weights = tl.exp2(lse - tl.max(lse, axis=0))  # the first span always holds a key, so the max is finite
-    part_ptrs = partial_out_ptr + seq * stride_pob + head * stride_poh + splits[:, None] * stride_pos + dims[None, :]
-    parts = tl.load(part_ptrs, mask=split_mask[:, None] & dim_mask[None, :], other=0.0)
-    out = tl.sum(parts * weights[:, None], axis=0) / tl.sum(weights, axis=0)
-    tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims * stride_od, out.to(out_ptr.dtype.element_ty),
-             mask=dim_mask)  # fmt: skip
+# Per device, the counters the spans of one (sequence, kv head) take tickets from. Every launch leaves them
+# at zero. A buffer is never freed: CUDA graphs captured with it keep its address, so a larger one, when
+# a larger batch needs it, is added beside it.
+_COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
+
+
+def split_counters(count: int, device: torch.device) -> torch.Tensor:
+    buffers = _COUNTERS.setdefault(device, [])
+    if not buffers or buffers[-1].numel() < count:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("decode attention needs its split counters allocated before graph capture")
+        buffers.append(torch.zeros(max(count, 4096), dtype=torch.int32, device=device))
+    return buffers[-1]
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
@@ -181,8 +216,7 @@ def paged_decode_attention(
         num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1] * page_size, query.device)
     partial_out = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
     partial_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=query.device)
-    block_d = triton.next_power_of_2(head_dim)
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+    _decode_kernel[(batch, num_kv_heads, num_splits)](
         query,
         key_cache,
         value_cache,
@@ -190,34 +224,26 @@ def paged_decode_attention(
         context_lens,
         partial_out,
         partial_lse,
+        split_counters(batch * num_kv_heads, query.device),
+        out,
         *query.stride(),
         *key_cache.stride(),
         *value_cache.stride(),
         *block_tables.stride(),
         *partial_out.stride()[:3],
         *partial_lse.stride()[:2],
+        *out.stride(),
         scale * LOG2_E,
         num_splits,
+        num_kv_heads,
         group,
         head_dim,
         PAGE_SIZE=page_size,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=tiling.block_n,
-        BLOCK_D=block_d,
+        BLOCK_D=triton.next_power_of_2(head_dim),
         PRECISION=dot_precision(query.dtype),
         num_warps=tiling.num_warps,
         num_stages=tiling.num_stages,
-    )
-    _decode_merge_kernel[(batch, num_q_heads)](
-        partial_out,
-        partial_lse,
-        out,
-        *partial_out.stride()[:3],
-        *partial_lse.stride()[:2],
-        *out.stride(),
-        num_splits,
-        head_dim,
-        BLOCK_S=triton.next_power_of_2(num_splits),
-        BLOCK_D=block_d,
     )
     return out

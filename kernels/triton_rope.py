@@ -1,4 +1,5 @@
-"""Neox-style rotary embedding in Triton: one program per token rotates all its q and k heads.
+"""Neox-style rotary embedding in Triton: one program per token rotates all its q and k heads; the fused
+variant the engine runs also writes the rotated k and the v to their KV-pool slots.
 
 The [max_pos, 2, head_dim] float32 table (engine/rope.py) already holds any scaling (linear, Llama-3.1),
 so the kernel only reads it. Both halves of cos and sin are read from the table rather than assuming they
@@ -50,6 +51,22 @@ def _rotate_heads(
 
 
 @triton.jit
+def _cos_sin(cache_ptr, positions_ptr, token, stride_cache_pos, stride_cache_kind, dtype,
+             HALF: tl.constexpr, BLOCK_HALF: tl.constexpr):  # fmt: skip
+    """The token's cos and sin halves, rounded to the input dtype as torch rounds them."""
+    position = tl.load(positions_ptr + token).to(tl.int64)
+    dims = tl.arange(0, BLOCK_HALF)[None, :]
+    dim_mask = dims < HALF
+    cos_row = cache_ptr + position * stride_cache_pos
+    sin_row = cos_row + stride_cache_kind
+    cos_lo = tl.load(cos_row + dims, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
+    cos_hi = tl.load(cos_row + dims + HALF, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
+    sin_lo = tl.load(sin_row + dims, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
+    sin_hi = tl.load(sin_row + dims + HALF, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
+    return cos_lo, cos_hi, sin_lo, sin_hi
+
+
+@triton.jit
 def _rope_kernel(
     q_ptr,
     k_ptr,
@@ -77,16 +94,8 @@ def _rope_kernel(
     BLOCK_HALF: tl.constexpr,
 ):
     token = tl.program_id(0)
-    position = tl.load(positions_ptr + token).to(tl.int64)
-    dims = tl.arange(0, BLOCK_HALF)[None, :]
-    dim_mask = dims < HALF
-    cos_row = cache_ptr + position * stride_cache_pos
-    sin_row = cos_row + stride_cache_kind
-    dtype = q_ptr.dtype.element_ty
-    cos_lo = tl.load(cos_row + dims, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
-    cos_hi = tl.load(cos_row + dims + HALF, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
-    sin_lo = tl.load(sin_row + dims, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
-    sin_hi = tl.load(sin_row + dims + HALF, mask=dim_mask, other=0.0).to(dtype).to(tl.float32)
+    cos_lo, cos_hi, sin_lo, sin_hi = _cos_sin(cache_ptr, positions_ptr, token, stride_cache_pos, stride_cache_kind,
+                                              q_ptr.dtype.element_ty, HALF, BLOCK_HALF)  # fmt: skip
     _rotate_heads(
         q_ptr, q_out_ptr, token, stride_qt, stride_qh, stride_qd, stride_qot, stride_qoh, num_q_heads,
         cos_lo, cos_hi, sin_lo, sin_hi, HALF, BLOCK_QH, BLOCK_HALF,
@@ -95,6 +104,71 @@ def _rope_kernel(
         k_ptr, k_out_ptr, token, stride_kt, stride_kh, stride_kd, stride_kot, stride_koh, num_k_heads,
         cos_lo, cos_hi, sin_lo, sin_hi, HALF, BLOCK_KH, BLOCK_HALF,
     )  # fmt: skip
+
+
+@triton.jit
+def _rope_store_kv_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    positions_ptr,
+    cache_ptr,
+    slot_mapping_ptr,
+    q_out_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    stride_qt,
+    stride_qh,
+    stride_qd,
+    stride_kt,
+    stride_kh,
+    stride_kd,
+    stride_vt,
+    stride_vh,
+    stride_vd,
+    stride_qot,
+    stride_qoh,
+    stride_cache_pos,
+    stride_cache_kind,
+    stride_kc_block,
+    stride_kc_slot,
+    stride_kc_head,
+    stride_vc_block,
+    stride_vc_slot,
+    stride_vc_head,
+    num_q_heads,
+    num_k_heads,
+    head_dim,
+    PAGE_SIZE: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_QH: tl.constexpr,
+    BLOCK_KH: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    """apply_rope and store_kv in one launch: the rotated key goes straight to its pool slot, never to
+    a tensor of its own (one kernel a layer fewer, and k is read once)."""
+    token = tl.program_id(0)
+    cos_lo, cos_hi, sin_lo, sin_hi = _cos_sin(cache_ptr, positions_ptr, token, stride_cache_pos, stride_cache_kind,
+                                              q_ptr.dtype.element_ty, HALF, BLOCK_HALF)  # fmt: skip
+    _rotate_heads(
+        q_ptr, q_out_ptr, token, stride_qt, stride_qh, stride_qd, stride_qot, stride_qoh, num_q_heads,
+        cos_lo, cos_hi, sin_lo, sin_hi, HALF, BLOCK_QH, BLOCK_HALF,
+    )  # fmt: skip
+    # Block ids become int64 before they multiply the block stride (see triton_store_kv).
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    block, offset = slot // PAGE_SIZE, slot % PAGE_SIZE
+    key_dst = key_cache_ptr + block * stride_kc_block + offset * stride_kc_slot
+    _rotate_heads(
+        k_ptr, key_dst, token, stride_kt, stride_kh, stride_kd, 0, stride_kc_head, num_k_heads,
+        cos_lo, cos_hi, sin_lo, sin_hi, HALF, BLOCK_KH, BLOCK_HALF,
+    )  # fmt: skip
+    heads = tl.arange(0, BLOCK_KH)[:, None]
+    dims = tl.arange(0, BLOCK_D)[None, :]
+    mask = (heads < num_k_heads) & (dims < head_dim)
+    value = tl.load(v_ptr + token * stride_vt + heads * stride_vh + dims * stride_vd, mask=mask)
+    value_dst = value_cache_ptr + block * stride_vc_block + offset * stride_vc_slot
+    tl.store(value_dst + heads * stride_vc_head + dims, value, mask=mask)
 
 
 def apply_rope(
@@ -136,3 +210,56 @@ def apply_rope(
         BLOCK_HALF=triton.next_power_of_2(half),
     )
     return q_out, k_out
+
+
+def apply_rope_and_store_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    positions: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    q_out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Rotate q and k by each token's position, write the rotated k and v [tokens, kv_heads, head_dim] to
+    their pool slots (caches [num_blocks, block_size, kv_heads, head_dim], head_dim contiguous) and
+    return the rotated q (new and contiguous, or `q_out`)."""
+    tokens, num_q_heads, head_dim = q.shape
+    if key_cache.stride(-1) != 1 or value_cache.stride(-1) != 1:
+        raise ValueError("the caches' head_dim must be contiguous")
+    q_out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if q_out is None else q_out
+    if tokens == 0:
+        return q_out
+    half, num_k_heads = head_dim // 2, k.shape[1]
+    _rope_store_kv_kernel[(tokens,)](
+        q,
+        k,
+        v,
+        positions,
+        cos_sin_cache,
+        slot_mapping,
+        q_out,
+        key_cache,
+        value_cache,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        q_out.stride(0),
+        q_out.stride(1),
+        cos_sin_cache.stride(0),
+        cos_sin_cache.stride(1),
+        *key_cache.stride()[:3],
+        *value_cache.stride()[:3],
+        num_q_heads,
+        num_k_heads,
+        head_dim,
+        PAGE_SIZE=key_cache.shape[1],
+        HALF=half,
+        BLOCK_QH=triton.next_power_of_2(num_q_heads),
+        BLOCK_KH=triton.next_power_of_2(num_k_heads),
+        BLOCK_HALF=triton.next_power_of_2(half),
+        BLOCK_D=triton.next_power_of_2(head_dim),
+    )
+    return q_out

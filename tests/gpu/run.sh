@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU half of the kernel work, for a machine with one CUDA device (each phase fits a 10-minute call):
-#   bash tests/gpu/run.sh tests   # the kernel tests here (kernels at larger shapes, engine parity with transformers)
+#   bash tests/gpu/run.sh tests   # the kernel tests here (kernels at larger shapes, engine parity with transformers,
+#                                 # the pool from a memory fraction)
 #   bash tests/gpu/run.sh bench   # benchmarks/kernels.py --tune
 #   bash tests/gpu/run.sh serving # engine tests (float32 parity with CUDA graphs, memory fraction), then
 #                                 # benchmarks/gpu_serving.py on an 8B-shaped checkpoint made on the GPU
@@ -20,7 +21,8 @@ case "${1:-}" in
   tests)
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
     "$python" -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
-    timeout 570 "$python" -m pytest tests/gpu/test_cuda_kernels.py tests/gpu/test_cuda_engine_parity.py tests/unit/test_triton_dispatch.py -q -s -p no:cacheprovider \
+    timeout ${TESTS_TIMEOUT:-570} "$python" -m pytest tests/gpu/test_cuda_kernels.py tests/gpu/test_cuda_engine_parity.py \
+      tests/gpu/test_cuda_memory.py tests/unit/test_triton_dispatch.py -q -s -p no:cacheprovider \
       --durations=15 2>&1 | tee "$out/gpu_tests.log"
     ;;
   serving)

@@ -46,7 +46,7 @@ def _generator(seed: int) -> torch.Generator:
 @pytest.mark.parametrize(("q_heads", "kv_heads", "head_dim"), [(32, 8, 128), (8, 8, 64), (64, 8, 128)])
 @pytest.mark.parametrize("num_splits", [None, 7])
 def test_decode_attention(dtype, q_heads, kv_heads, head_dim, num_splits):
-    from kvferry.kernels.triton_decode_attention import paged_decode_attention
+    from kvferry.kernels.triton_decode_attention import paged_decode_attention, split_counters
 
     generator = _generator(q_heads + head_dim)
     kv = paged_kv(DECODE_LENGTHS, kv_heads, head_dim, 16, dtype, generator, device=CUDA)
@@ -56,6 +56,8 @@ def test_decode_attention(dtype, q_heads, kv_heads, head_dim, num_splits):
     paged_decode_attention(query, kv.key_cache, kv.value_cache, *args, out=out, num_splits=num_splits)
     want = reference.paged_decode_attention(query.float(), *kv.reference_caches(), *args)
     torch.testing.assert_close(out.float(), want, **ATTENTION_TOLERANCE[dtype])
+    # The program that merged each (sequence, kv head) set its ticket counter back for the next launch.
+    assert int(split_counters(len(DECODE_LENGTHS) * kv_heads, query.device).abs().sum()) == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -106,7 +108,8 @@ def test_pool_past_2_31_elements():
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_elementwise_kernels_match_the_reference(dtype):
-    """Outputs within one ulp of the reference (see ONE_ULP, ROPE_ONE_INPUT_ULP); the KV store exactly."""
+    """Outputs within one ulp of the reference (see ONE_ULP, ROPE_ONE_INPUT_ULP); the KV store exactly (the
+    fused RoPE + store: rotated keys within RoPE's bound, values exactly)."""
     from kvferry.engine.model_config import RopeConfig
     from kvferry.engine.rope import cos_sin_cache
 
@@ -128,6 +131,16 @@ def test_elementwise_kernels_match_the_reference(dtype):
                          strict=True):  # fmt: skip
         torch.testing.assert_close(got, want, **ROPE_ONE_INPUT_ULP[dtype])
 
+    pool = poisoned((600, 2, 2, 16, 8, 128), dtype, CUDA)
+    want_pool = pool.clone()
+    slots = torch.randperm(600 * 16, generator=generator)[:4096].to(CUDA)
+    got_q = kernels.apply_rope_and_store_kv(q, k, v, positions, table, pool[:, 1, 0], pool[:, 1, 1], slots)
+    want_q = reference.apply_rope_and_store_kv(q, k, v, positions, table, want_pool[:, 1, 0], want_pool[:, 1, 1], slots)
+    torch.testing.assert_close(got_q, want_q, **ROPE_ONE_INPUT_ULP[dtype])
+    torch.testing.assert_close(pool[:, 1, 0], want_pool[:, 1, 0], **ROPE_ONE_INPUT_ULP[dtype], equal_nan=True)
+    torch.testing.assert_close(pool[:, 1, 1], want_pool[:, 1, 1], rtol=0, atol=0, equal_nan=True)
+    assert pool[:, 0].isnan().all()  # the other layer untouched
+
     gate_up = random_tensor((4096, 2 * 14336), dtype, generator, CUDA)
     torch.testing.assert_close(kernels.silu_and_mul(gate_up), reference.silu_and_mul(gate_up), **ONE_ULP[dtype])
 
@@ -137,3 +150,19 @@ def test_elementwise_kernels_match_the_reference(dtype):
     kernels.store_kv(k, v, pool[:, 1, 0], pool[:, 1, 1], slots)
     reference.store_kv(k, v, want_pool[:, 1, 0], want_pool[:, 1, 1], slots)
     torch.testing.assert_close(pool, want_pool, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336), (128256, 4096), (301, 1000)])
+def test_one_row_linear_matches_float32_matmul(dtype, n, k):
+    """The batch-1 GEMV against a float32 matmul of the same 16-bit inputs, rounded like the output."""
+    from kvferry import kernels
+
+    generator = _generator(n + k)
+    x = random_tensor((1, k), dtype, generator, CUDA)
+    weight = (random_tensor((n, k), dtype, generator, CUDA) * 0.02).to(dtype)
+    got = kernels.linear(x, weight)
+    want = torch.nn.functional.linear(x.float(), weight.float())
+    assert got.dtype == dtype and got.shape == (1, n)
+    torch.testing.assert_close(got.float(), want, atol=2e-3 * float(want.abs().max()), rtol=ONE_ULP[dtype]["rtol"])
+
