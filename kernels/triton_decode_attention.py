@@ -172,7 +172,8 @@ def _decode_kernel(
 
 # Per device, the counters the spans of one (sequence, kv head) take tickets from. Every launch leaves them
 # at zero. A buffer is never freed: CUDA graphs captured with it keep its address, so a larger one, when
-# a larger batch needs it, is added beside it.
+# a larger batch needs it, is added beside it. Two decode attentions running at once on different streams
+# of one process would share them; the engine runs one stream.
 _COUNTERS: dict[torch.device, list[torch.Tensor]] = {}
 
 
