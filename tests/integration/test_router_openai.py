@@ -20,6 +20,7 @@ import openai
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -326,14 +327,17 @@ SCHEMA_CHECKS = [not_a_server_error, status_code_conformance, content_type_confo
 
 
 def test_openapi_schema_holds_for_generated_requests(cluster):
-    """Every operation of /openapi.json, with generated bodies (valid and not): no 5xx, and only the
+    """Every operation of /openapi.json, with generated requests in schemathesis' positive and negative modes: no 5xx, and only the
     statuses, content types and bodies the schema documents. (The router runs with a 48-token context,
     so that generated requests stay short.)"""
     schema = schemathesis.openapi.from_url(f"{cluster['schema']}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]
     assert {op.path for op in operations} >= {"/v1/completions", "/v1/chat/completions", "/v1/models", "/health"}
-    for operation in operations:
-        @given(case=operation.as_strategy())
+    # Requests that fit the schema, and (where an operation takes a body to get wrong) ones that do not.
+    cases = [(op, mode) for op in operations for mode in GenerationMode if mode is GenerationMode.POSITIVE or len(op.body)]
+    assert any(mode is GenerationMode.NEGATIVE for _, mode in cases)
+    for operation, mode in cases:
+        @given(case=operation.as_strategy(generation_mode=mode))
         @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True,
                   database=None)
         def conforms(case) -> None:
