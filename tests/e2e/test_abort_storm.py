@@ -18,6 +18,7 @@ ABANDONED = 10
 MAX_TOKENS = 16
 ABANDONED_MAX_TOKENS = 1500  # still running when its client leaves
 RETRIES = 5
+TASK_SLACK = 3
 
 
 def _stream(router: str, index: int, abandon: bool, started: threading.Barrier) -> tuple[int, str | None]:
@@ -56,6 +57,8 @@ def _stream(router: str, index: int, abandon: bool, started: threading.Barrier) 
 
 
 def test_abort_storm_loses_nothing_and_leaks_nothing(pd_cluster):
+    processes = ("router", "prefill-0", "decode-0")
+    tasks_before = {name: pd_cluster.metric(name, "kvferry:asyncio_tasks") for name in processes}
     abandoned = set(range(0, STREAMS, STREAMS // ABANDONED))
     barrier = threading.Barrier(STREAMS)
     with ThreadPoolExecutor(STREAMS) as pool:
@@ -74,6 +77,11 @@ def test_abort_storm_loses_nothing_and_leaks_nothing(pd_cluster):
     # Every abandoned stream is stopped when its client leaves (not left to run its 1500 tokens), and
     # counted once: the router and the nodes close their streams at once, not at garbage collection.
     assert pd_cluster.metric("decode-0", "kvferry:aborted_requests_total") == ABANDONED
+
+    # No task outlives its stream (a leaked one per request would add ten or a hundred); the slack is for the
+    # processes' own periodic work (probes, reports) caught in flight.
+    tasks_after = {name: pd_cluster.metric(name, "kvferry:asyncio_tasks") for name in processes}
+    assert all(tasks_after[name] <= tasks_before[name] + TASK_SLACK for name in processes), (tasks_before, tasks_after)
 
     # Request ids are free again once aborted: the same id reserves, aborts and reserves anew.
     decode = pd_cluster.urls["decode-0"]

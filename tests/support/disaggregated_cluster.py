@@ -106,8 +106,10 @@ class DisaggregatedCluster:
         return httpx.get(f"{self.urls[name]}/stats", timeout=5).json()
 
     def metric(self, name: str, metric: str) -> float:
-        """Sum of a Prometheus sample family of one node (counters: their `_total` samples)."""
-        text = httpx.get(f"{self.urls[name]}/metrics", timeout=5).text
+        """Sum of a Prometheus sample family of one node, or of the router (name "router"); counters: their
+        `_total` samples."""
+        url = self.router if name == "router" else self.urls[name]
+        text = httpx.get(f"{url}/metrics", timeout=5).text
         total = 0.0
         for line in text.splitlines():
             if line.startswith(metric) and not line.startswith("#"):
