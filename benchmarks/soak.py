@@ -10,10 +10,11 @@ evict cached prefixes), six in ten streamed, three in ten not streamed, one in t
 few chunks (a client disconnect: the router must abort it on both nodes; counted apart, not as a failure);
 completions and chat alternate. A request fails on any error or on fewer tokens than asked (ignore_eos).
 
-Each sample holds new requests until the ones in flight finish (bounded), then reads each process a few
-times half a second apart and keeps each metric's smallest reading: counts are taken between requests, so
-what the in-flight requests or a health probe hold at that instant does not pass for growth, and what a leak
-leaves behind does.
+Each sample holds new requests until the ones in flight finish (bounded), lets the idle keep-alive
+connections between router and nodes close (SETTLE_S), then reads each process a few times half a second
+apart and keeps each metric's smallest reading: counts are taken between requests, so what the in-flight
+requests, the connection pool or a health probe hold at that instant does not pass for growth, and what a
+leak leaves behind does. The load pauses for that (about 8 s of every 30 s; the JSON says how long).
 
     .venv/bin/python benchmarks/soak.py           # 10 min -> benchmarks/results/soak.json, docs/img/soak.png
     .venv/bin/python benchmarks/soak.py --quick   # 60 s smoke run, results under the temp folder
@@ -50,6 +51,10 @@ ENDPOINT_KINDS = ("completions", "chat", "completions")  # 3 is prime to 10: eve
 LEAVE_AFTER_CHUNKS = 3
 LEAVE_MIN_TOKENS = 24  # a stream to leave runs well past the chunks read before leaving
 READINGS_PER_SAMPLE, READING_GAP_S = 3, 0.5
+# The router's pool keeps a connection to a node per call it once had in flight at a time; uvicorn closes one
+# idle for 5 s (its default keep-alive) and the router drops it on its next health probe (every second). Read
+# before that, descriptors swung 25-44 with how busy the machine was; read after it, the count is the idle one.
+SETTLE_S = 6.5
 DRAIN_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 60.0
 
@@ -199,6 +204,7 @@ async def sample(client: httpx.AsyncClient, cluster: ServingCluster, load: Load,
     began = time.monotonic()
     async with load.gate.closed(DRAIN_TIMEOUT_S) as drained:
         drain_s = time.monotonic() - began
+        await asyncio.sleep(SETTLE_S)
         readings: dict[str, list[ProcessReading]] = {name: [] for name in urls}
         for attempt in range(READINGS_PER_SAMPLE):
             if attempt:
@@ -253,7 +259,8 @@ def summarize(samples: list[dict], load: Load, args: argparse.Namespace) -> dict
         for name in samples[0]["processes"]
     }
     flat = all(g["growth_pct"] < args.max_growth_pct for metrics in growths.values() for g in metrics.values())
-    paused = sum(entry["drain_s"] for entry in samples[1:]) + len(samples[1:]) * (READINGS_PER_SAMPLE - 1) * READING_GAP_S
+    per_sample = SETTLE_S + (READINGS_PER_SAMPLE - 1) * READING_GAP_S
+    paused = sum(entry["drain_s"] + per_sample for entry in samples[1:])
     return {
         "passed": flat and load.failed == 0, "flat": flat, "max_growth_pct": args.max_growth_pct,
         "growth": growths, "requests_sent": load.sent, "failed": load.failed,
@@ -309,7 +316,7 @@ def main() -> None:
                      "warmup_s": args.warmup, "prompts": args.prompts, "input_len": args.input_len,
                      "output_len": args.output_len, "spread": 0.9, "modes": list(MODE_CYCLE),
                      "endpoint_kinds": list(ENDPOINT_KINDS), "leave_after_chunks": LEAVE_AFTER_CHUNKS,
-                     "readings_per_sample": READINGS_PER_SAMPLE},
+                     "readings_per_sample": READINGS_PER_SAMPLE, "settle_s": SETTLE_S},
         "summary": summary, "samples": samples,
         "load_avg": {"start": list(load_at_start), "end": list(os.getloadavg())}, "cpu_cores": os.cpu_count(),
         "environment": environment(),
