@@ -158,6 +158,9 @@ def router_overhead(args: argparse.Namespace) -> dict[str, object]:
     shape = LoadShape(concurrency=args.streams, time_limit_s=args.time_limit)
     p50: dict[str, dict[str, list[float]]] = {mode: {"ttft": [], "itl": [], "tpot": []} for mode in ("router", "direct")}
     router_cpu_us_per_token: list[float] = []
+    # The load generator's own CPU per token: it shares core 0 with the router, and an SSE event costs it
+    # more to parse than an NDJSON line.
+    client_cpu_us_per_token: dict[str, list[float]] = {"router": [], "direct": []}
     load_1m: dict[str, list[float]] = {"router": [], "direct": []}  # after each round
     affinity = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {0})
@@ -169,16 +172,17 @@ def router_overhead(args: argparse.Namespace) -> dict[str, object]:
             offer(endpoints["router"], requests[: args.streams], shape)  # warm-up
             for round_index in range(args.overhead_rounds):
                 for mode in (("router", "direct") if round_index % 2 == 0 else ("direct", "router")):
-                    cpu_before = cpu_seconds(router_pid)
+                    cpu_before, own_before = cpu_seconds(router_pid), cpu_seconds(os.getpid())
                     result = offer(endpoints[mode], requests, shape)
                     summary = summarize(result.records, result.duration_s, Slo())
                     p50[mode]["ttft"].append(summary["ttft_s"]["p50"])
                     p50[mode]["itl"].append(summary["itl_s"]["p50"])
                     p50[mode]["tpot"].append(summary["tpot_s"]["p50"])
                     load_1m[mode].append(round(os.getloadavg()[0], 2))
+                    tokens = max(sum(r.output_tokens for r in result.records if r.error is None), 1)
+                    client_cpu_us_per_token[mode].append((cpu_seconds(os.getpid()) - own_before) / tokens * 1e6)
                     if mode == "router":
-                        tokens = sum(r.output_tokens for r in result.records if r.error is None)
-                        router_cpu_us_per_token.append((cpu_seconds(router_pid) - cpu_before) / max(tokens, 1) * 1e6)
+                        router_cpu_us_per_token.append((cpu_seconds(router_pid) - cpu_before) / tokens * 1e6)
     finally:
         os.sched_setaffinity(0, affinity)
     medians = {mode: {k: statistics.median(v) for k, v in values.items()} for mode, values in p50.items()}
@@ -194,6 +198,7 @@ def router_overhead(args: argparse.Namespace) -> dict[str, object]:
         "tpot_p50_s": {mode: m["tpot"] for mode, m in medians.items()},
         "added_tpot_p50_pct": (medians["router"]["tpot"] / medians["direct"]["tpot"] - 1) * 100,
         "router_cpu_us_per_token": statistics.median(router_cpu_us_per_token),
+        "load_generator_cpu_us_per_token": {mode: statistics.median(v) for mode, v in client_cpu_us_per_token.items()},
         "per_round_p50": p50, "per_round_router_cpu_us_per_token": router_cpu_us_per_token,
         "per_round_load_avg_1m": load_1m,
     }
