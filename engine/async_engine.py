@@ -2,6 +2,11 @@
 
 `add_request` returns an async iterator of cumulative RequestOutputs; leaving the iterator early (a
 client that disconnects) aborts the request, so its blocks are freed at once.
+
+The engine thread holds the lock for a whole step (a long prefill takes seconds on a CPU). Every call the
+event loop makes waits for the lock in a worker thread (`add_request`, `activate`, `call`, closing a
+stream), so one new request cannot freeze a node's loop for a step: before, a prefill node
+answered neither its streams nor its health probes while a prefill ran, and a router ejected it.
 """
 
 from __future__ import annotations
@@ -69,30 +74,39 @@ class AsyncLLMEngine:
     async def add_request(
         self, request_id: str, prompt: PromptInput, params: SamplingParams | None = None, hold_kv: bool = False
     ) -> AsyncIterator[RequestOutput]:
-        """Validates and queues at once (raising ValueError for bad input); iterate for outputs."""
-        return self._start(request_id, lambda: self.engine.add_request(request_id, prompt, params, hold_kv))
+        """Validates and queues (raising ValueError for bad input); iterate for outputs."""
+        return await self._start(request_id, lambda: self.engine.add_request(request_id, prompt, params, hold_kv))
 
     async def activate(self, request_id: str, first_token: int, logprobs: dict[int, float] | None = None) -> AsyncIterator[RequestOutput]:
         """Decode side: start decoding a reserved request from the token its prefill node sampled."""
-        return self._start(request_id, lambda: self.engine.activate(request_id, first_token, logprobs))
+        return await self._start(request_id, lambda: self.engine.activate(request_id, first_token, logprobs))
 
-    def _start(self, request_id: str, begin: Callable[[], RequestOutput | None]) -> AsyncIterator[RequestOutput]:
+    async def _start(self, request_id: str, begin: Callable[[], RequestOutput | None]) -> AsyncIterator[RequestOutput]:
+        loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        with self._lock:
-            if self.error is not None:
-                raise EngineDeadError(f"engine is dead: {self.error!r}")
-            first = begin()
-            if first is not None:
-                queue.put_nowait(first)
-            if first is None or not first.finished:
-                self._queues[request_id] = (asyncio.get_running_loop(), queue)
-            self._lock.notify()
+
+        def locked() -> None:
+            with self._lock:
+                if self.error is not None:
+                    raise EngineDeadError(f"engine is dead: {self.error!r}")
+                first = begin()
+                if first is not None:  # from this thread: delivered on the loop, in order with later outputs
+                    loop.call_soon_threadsafe(queue.put_nowait, first)
+                if first is None or not first.finished:
+                    self._queues[request_id] = (loop, queue)
+                self._lock.notify()
+
+        await asyncio.to_thread(locked)
         return self._stream(request_id, queue)
 
     def run_locked(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run a short synchronous engine call (reserve, release_kv, stats) between two steps."""
         with self._lock:
             return fn(self.engine)
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """run_locked for the event loop: waits for the step in progress in a worker thread."""
+        return await asyncio.to_thread(self.run_locked, fn)
 
     async def _stream(
         self, request_id: str, queue: asyncio.Queue[RequestOutput | BaseException]
@@ -108,7 +122,7 @@ class AsyncLLMEngine:
         finally:
             self._queues.pop(request_id, None)
             if not finished:
-                self.abort(request_id)
+                await asyncio.to_thread(self.abort, request_id)
 
     def abort(self, request_id: str) -> bool:
         """Stop a request; a stream still waiting on it gets its last output (finish_reason "abort").

@@ -62,7 +62,7 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
             raise HTTPException(502, f"KV transfer to {handle.node} failed: {exc}") from None
         finally:
             sending.discard(body.request_id)
-            runtime.engine.run_locked(lambda engine: engine.release_kv(body.request_id))
+            await runtime.engine.call(lambda engine: engine.release_kv(body.request_id))
         if body.request_id in aborted_while_sending:
             aborted_while_sending.discard(body.request_id)
             raise HTTPException(409, f"request {body.request_id!r} was aborted")

@@ -1,8 +1,11 @@
 import asyncio
+import time
 
 import pytest
 from kvferry.engine import LLM, AsyncLLMEngine, LLMEngine, SamplingParams
 from kvferry.engine.engine_args import EngineArgs
+
+STEP_SECONDS = 0.5
 
 
 @pytest.fixture
@@ -65,3 +68,42 @@ def test_bad_input_raises_before_anything_is_queued(async_engine):
 
     asyncio.run(main())
     assert not async_engine.engine.has_unfinished_requests()
+
+
+def test_a_long_step_does_not_freeze_the_event_loop(async_engine):
+    """A prefill node's step can take seconds; meanwhile its event loop must keep serving (streams, health
+    probes): new requests and engine calls wait for the step off the loop."""
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    step = async_engine.engine.step
+
+    async def main():
+        loop, stepping = asyncio.get_running_loop(), asyncio.Event()
+
+        def slow_step():
+            loop.call_soon_threadsafe(stepping.set)
+            time.sleep(STEP_SECONDS)  # under the engine lock, as a long prefill holds it
+            return step()
+
+        async_engine.engine.step = slow_step
+        first = await async_engine.add_request("long", {"prompt_token_ids": list(range(20))}, params)
+        await stepping.wait()
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        task = asyncio.create_task(ticker())
+        second = await async_engine.add_request("queued", {"prompt_token_ids": list(range(20, 40))}, params)
+        task.cancel()
+        called = await async_engine.call(lambda engine: engine)
+        outputs = [[o async for o in stream] for stream in (first, second)]
+        return ticks, called, outputs
+
+    ticks, called, outputs = asyncio.run(main())
+    # The loop kept ticking (every 10 ms) while add_request waited out a step of STEP_SECONDS.
+    assert ticks >= STEP_SECONDS / 0.01 / 4, ticks
+    assert called is async_engine.engine
+    assert [len(o[-1].outputs[0].token_ids) for o in outputs] == [2, 2]
