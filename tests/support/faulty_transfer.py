@@ -91,6 +91,9 @@ def stop_after_ready(nth: int) -> None:
             while time.monotonic() < until:  # let write_ready leave before the process stops
                 self.worker.progress()
             os.kill(os.getpid(), signal.SIGSTOP)
+            # The stop reaches every thread at its next trip into the kernel, this one included: without
+            # this sleep it ran on long enough to handle write_complete and acknowledge (seen under load).
+            time.sleep(0.1)
 
     TransferEngine._on_write = on_write  # type: ignore[method-assign]
 
