@@ -171,7 +171,7 @@ class TransferEngine:
         _check_batch(src_addrs, dst_addrs, lengths)
         src_addrs, dst_addrs, lengths = merge_adjacent(src_addrs, dst_addrs, lengths)
         future: Future[int] = Future()
-        self._commands.put(lambda: self._start_write(target, src_addrs, dst_addrs, lengths, token, future))
+        self._submit(lambda: self._start_write(target, src_addrs, dst_addrs, lengths, token, future))
         return future
 
     def batch_transfer_write(
@@ -185,7 +185,7 @@ class TransferEngine:
         _check_batch(local_addrs, remote_addrs, lengths)
         local_addrs, remote_addrs, lengths = merge_adjacent(local_addrs, remote_addrs, lengths)
         future: Future[int] = Future()
-        self._commands.put(lambda: self._start_read(target, local_addrs, remote_addrs, lengths, future))
+        self._submit(lambda: self._start_read(target, local_addrs, remote_addrs, lengths, future))
         return future
 
     def batch_transfer_read(self, target: str, local_addrs: list[int], remote_addrs: list[int], lengths: list[int]) -> int:
@@ -194,7 +194,7 @@ class TransferEngine:
     def handshake(self, target: str) -> int:
         """Check that `target` answers; fails within the handshake timeout for a closed peer."""
         future: Future[int] = Future()
-        self._commands.put(lambda: self._start_hello(target, future))
+        self._submit(lambda: self._start_hello(target, future))
         return future.result()
 
     def in_flight(self) -> int:
@@ -212,6 +212,13 @@ class TransferEngine:
                 log.debug("registry removal failed for %s", self.local_name)
 
     # ---- the loop ---------------------------------------------------------------------------
+    def _submit(self, command: Callable[[], None]) -> None:
+        """Queue a command for the loop thread and wake it: sleeping in epoll, it would otherwise take
+        the command up to idle_wait_ms late (a millisecond per batch is a tenth of a 64 MiB write)."""
+        self._commands.put(command)
+        if self._thread is not None:
+            ucp_direct.wake(self.worker.handle)
+
     def _call(self, fn: Callable[[], None]) -> None:
         """Run `fn` on the loop thread (UCX and the op tables are single-threaded) and wait for it."""
         if self._thread is None or threading.current_thread() is self._thread:
@@ -226,7 +233,7 @@ class TransferEngine:
             except BaseException as exc:  # noqa: BLE001 - handed to the caller
                 done.set_exception(exc)
 
-        self._commands.put(run)
+        self._submit(run)
         done.result()
 
     @staticmethod
@@ -338,17 +345,16 @@ class TransferEngine:
     def _start_write(self, target: str, src: list[int], dst: list[int], lengths: list[int], token: str | None, future: Future[int]) -> None:
         op = _Operation(target, "write", time.monotonic() + self.config.timeout_seconds, future)
         op_id = next(self._ops)
-        regions = self.memory.find_all(src, lengths)
-        if None in regions:
-            index = regions.index(None)
-            future.set_exception(TransferRejectedError(f"source range {src[index]:#x}+{lengths[index]} is not registered"))
+        regions, outside = self.memory.locate(src, lengths)
+        if outside is not None:
+            future.set_exception(TransferRejectedError(f"source range {src[outside]:#x}+{lengths[outside]} is not registered"))
             return
-        host_only = not any(region.cuda for region in set(regions))  # type: ignore[union-attr]
+        host_only = not any(region.cuda for region in regions)
         op.data = {"lengths": lengths, "src": src, "destinations": dst, "tag_base": random.getrandbits(40) << _INDEX_BITS}
         self._outbound[op_id] = op
         self._guarded(op_id, op, lambda: self._send_control(
             target, op, "write", refresh=True, address=self.address.hex(), op=op_id, tag_base=op.data["tag_base"],
-            ranges=np.column_stack((dst, lengths)).tolist(), token=token, iov=host_only, timeout=op.deadline - time.monotonic(),
+            ranges=protocol.pack_ranges(dst, lengths), token=token, iov=host_only, timeout=op.deadline - time.monotonic(),
         ))
 
     def _guarded(self, key: int, op: _Operation, action: Callable[[], None]) -> None:
@@ -494,9 +500,9 @@ class TransferEngine:
         if (sender, op_id) in self._inbound:
             self.stats["duplicate_messages"] += 1
             return
-        ranges = [(a, n) for a, n in message["ranges"]]
-        targets = self.memory.find_all(*zip(*ranges, strict=True)) if ranges else []
-        reason = self._refusal(message["token"], ranges, targets)
+        ranges, (addresses, lengths) = message["ranges"], message["range_columns"]
+        regions, outside = self.memory.locate(addresses, lengths)
+        reason = self._refusal(message["token"], ranges, outside)
         address = bytes.fromhex(message["address"])
         if reason is not None:
             self.stats["rejected_writes"] += 1
@@ -507,13 +513,12 @@ class TransferEngine:
         # must not complete here, even if this process was stopped and is only now catching up.
         hold = max(0.0, min(self.config.timeout_seconds, message["timeout"]))
         op = _Operation(sender, "inbound_write", time.monotonic() + hold)
-        op.data = {"token": message["token"], "ranges": ranges}
+        op.data = {"token": message["token"], "ranges": ranges, "bytes": int(lengths.sum())}
         endpoint = self._endpoint(sender, address)
-        regions = set(targets)
-        if message["iov"] and not any(region.cuda for region in regions):  # type: ignore[union-attr]
+        if message["iov"] and not any(region.cuda for region in regions):
             # Host to host: the writer puts every range (RMA) into this memory; its write_complete,
             # sent once its flush completed, ends the write.
-            rkeys = {region.address: region.rkey.hex() for region in regions}  # type: ignore[union-attr]
+            rkeys = {region.address: region.rkey.hex() for region in regions}
             op.data.update(rma=True, writer_done=False)
             self._inbound[(sender, op_id)] = op
             self._send_control(sender, None, "write_ready", op=op_id, iov=True, rkeys=[[a, k] for a, k in rkeys.items()])
@@ -539,9 +544,9 @@ class TransferEngine:
         self.stats["aborted_writes"] += 1
         self._end_inbound(key, op)
 
-    def _refusal(self, token: str | None, ranges: list[tuple[int, int]], regions: list[Any]) -> str | None:
-        if None in regions:
-            address, length = ranges[regions.index(None)]
+    def _refusal(self, token: str | None, ranges: list[tuple[int, int]], outside: int | None) -> str | None:
+        if outside is not None:
+            address, length = ranges[outside]
             return f"range {address:#x}+{length} is not registered memory"
         if self.write_guard is not None:
             return self.write_guard(token, ranges)
@@ -556,7 +561,7 @@ class TransferEngine:
             del self._inbound[key]
             self._send_control(op.peer, None, "write_done", op=key[1])
             self.stats["writes_received"] += 1
-            self.stats["bytes_received"] += sum(length for _, length in op.data["ranges"])
+            self.stats["bytes_received"] += op.data["bytes"]
             self._notify(op.data, True)
         elif op.kind == "inbound_read" and op.all_completed:
             del self._inbound[key]
@@ -609,7 +614,7 @@ class TransferEngine:
             iov = not any(self.memory.buffer_region(*r).cuda for r in ranges)
             self._receive_data(op, self._endpoint(target, refresh=True), ranges, tag_base, iov)
             self._send_control(target, op, "read", address=self.address.hex(), op=op_id, tag_base=tag_base,
-                               ranges=[[a, n] for a, n in zip(remote, lengths, strict=True)], iov=iov)
+                               ranges=protocol.pack_ranges(remote, lengths), iov=iov)
 
         self._outbound[op_id] = op
         try:
@@ -621,7 +626,7 @@ class TransferEngine:
     def _on_read(self, message: protocol.ControlMessage) -> None:
         sender, op_id = message["sender"], message["op"]
         endpoint = self._endpoint(sender, bytes.fromhex(message["address"]))
-        ranges = [(a, n) for a, n in message["ranges"]]
+        ranges = message["ranges"]
         unregistered = [r for r in ranges if self.memory.find(*r) is None]
         if (sender, op_id) in self._inbound or unregistered:
             reason = f"range {unregistered[0][0]:#x}+{unregistered[0][1]} is not registered memory" if unregistered else "duplicate"

@@ -36,6 +36,7 @@ _UCP.ucp_rkey_pack.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.POINTER(
 _UCP.ucp_rkey_buffer_release.argtypes = [ctypes.c_void_p]
 _UCP.ucp_ep_rkey_unpack.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
 _UCP.ucp_rkey_destroy.argtypes = [ctypes.c_void_p]
+_UCP.ucp_worker_signal.argtypes = [ctypes.c_void_p]
 _UCP.ucs_status_string.restype = ctypes.c_char_p
 _UCP.ucs_status_string.argtypes = [ctypes.c_int]
 
@@ -153,6 +154,11 @@ class PutBatch:
             self.status = pointers[self.failed[0]] - (1 << 64)  # type: ignore[operator]
             in_flight = [pointer for pointer in in_flight if pointer < error_pointer(UCS_ERR_LAST)]
         list(map(_UCP.ucp_request_free, in_flight))
+
+
+def wake(worker_handle: int) -> None:
+    """Wake the worker's thread from its epoll sleep (ucp_worker_signal: callable from any thread)."""
+    _UCP.ucp_worker_signal(worker_handle)
 
 
 def status_string(status: int) -> str:
