@@ -37,7 +37,10 @@ POLICIES: dict[str, Policy] = {
     for policy in (
         Policy("round_robin"),
         Policy("least_load", prefill={"queue_depth": 1.0}, decode={"queue_depth": 1.0, "kv_pressure": 1.0}),
-        Policy("prefix", prefill={"prefix_hit": 1.0}, decode=DECODE_BY_CAPACITY),
+        # The queue weight only breaks ties (a hit of one block in a hundred outweighs it): prompts cached
+        # nowhere go to the shorter queue instead of taking blind turns, which piled a burst of new groups'
+        # misses on one node.
+        Policy("prefix", prefill={"prefix_hit": 1.0, "queue_depth": 0.01}, decode=DECODE_BY_CAPACITY),
         Policy(
             "default",
             prefill={"prefix_hit": 2.0, "queue_depth": 1.0, "kv_pressure": 0.5},

@@ -37,10 +37,14 @@ def test_round_robin_alternates_prefill_and_decode_nodes_in_name_order():
 def test_prefix_policy_sends_a_prompt_to_the_node_holding_its_longest_prefix():
     nodes = [prefill("p0"), prefill("p1"), prefill("p2"), decode("d0")]
     assert picks("prefix", nodes, [request(cached={"p0": 1, "p2": 3})]) == [("p2", "d0")]
-    # ... however loaded it is, and prompts cached nowhere take turns (one turn counter per role).
+    # ... however loaded it is, even for a one-block hit in a hundred; prompts cached nowhere go to the shorter
+    # queue, and take turns between equal ones (one turn counter per role).
     loaded = [prefill("p0"), prefill("p1", inflight=9), decode("d0")]
-    assert picks("prefix", loaded, [request(cached={"p1": 4}), request(), request()]) == [
+    assert picks("prefix", loaded, [request(cached={"p1": 4}), request(num_blocks=100, cached={"p1": 1}), request()]) == [
         ("p1", "d0"), ("p1", "d0"), ("p0", "d0"),
+    ]
+    assert picks("prefix", [prefill("p0"), prefill("p1"), decode("d0")], [request()] * 3) == [
+        ("p0", "d0"), ("p1", "d0"), ("p0", "d0"),
     ]
 
 
