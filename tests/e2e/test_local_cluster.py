@@ -3,6 +3,7 @@ Greedy output through P -> D equals the colocated engine's, alone and under conc
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -74,8 +75,9 @@ def test_streaming_returns_sse_chunks_and_done(cluster, tiny_models):
     body = {"model": "llama", "prompt": [5, 6, 7], "max_tokens": 4, "temperature": 0, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", f"{nodes['router']}/v1/completions", json=body, timeout=60) as response:
         lines = [line for line in response.iter_lines() if line]
-    assert lines[-1] == "data: [DONE]"
-    assert len(lines) == 5 and '"finish_reason": "length"' in lines[-2]
+    assert lines[-1] == "data: [DONE]" and all(line.startswith("data: ") for line in lines)
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert [chunk["choices"][0]["finish_reason"] for chunk in chunks] == [None, None, None, "length"]
 
 
 def test_bad_requests_are_refused_before_any_node(cluster):
