@@ -69,8 +69,10 @@ class Scheduler:
                 budget -= count
                 index += 1
         # Admitting right after a preemption would only take the blocks back from the preempted one.
-        # Without a prefix cache there is nothing to wait for.
-        in_flight = self._blocks_being_computed() if self.block_manager.allocator.enable_prefix_caching else None
+        # Without a prefix cache there is nothing to wait for; with nothing waiting, nothing to look up (most
+        # decode steps: the set is not built for them).
+        caching = self.block_manager.allocator.enable_prefix_caching
+        in_flight = self._blocks_being_computed() if caching and self.waiting and not preempted else None
         position = 0
         while not preempted and position < len(self.waiting) and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[position]
