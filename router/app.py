@@ -21,6 +21,7 @@ from kvferry.router.discovery import Discovery, RegistryDiscovery, StaticDiscove
 from kvferry.router.errors import ERROR_RESPONSES, install_error_handlers
 from kvferry.router.health import HealthTracker
 from kvferry.router.metrics import RouterMetrics
+from kvferry.router.node_streams import NodeStreams
 from kvferry.router.openai_schema import (
     ChatCompletionRequest,
     ChatCompletionResponse,
@@ -87,7 +88,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     encoder = PromptEncoder(config.model.path, ModelLimits.from_dir(config.model.path, config.model.max_model_len))
     service = CompletionService(
         model=model, encoder=encoder, cluster=cluster, scheduler=Scheduler(config.resolve_policy()), index=index,
-        flow=PDFlow(client, cluster, metrics, config.prefill_timeout_seconds), metrics=metrics,
+        flow=PDFlow(client, NodeStreams(node_headers), cluster, metrics, config.prefill_timeout_seconds), metrics=metrics,
         plugins=load_plugins(config.plugins), admission=Admission(config.max_inflight),
         default_max_tokens=config.default_max_tokens, history=RoutingHistory(config.routing_history_seconds),
     )

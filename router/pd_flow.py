@@ -52,11 +52,11 @@ def local_id(request_id: str) -> str:
 
 
 class PDFlow:
-    def __init__(self, client: httpx.AsyncClient, cluster: ClusterState, metrics: RouterMetrics,
+    def __init__(self, client: httpx.AsyncClient, streams: NodeStreams, cluster: ClusterState, metrics: RouterMetrics,
                  prefill_timeout_seconds: float) -> None:
-        self.client, self.cluster, self.metrics = client, cluster, metrics
-        # The token streams bear what the control calls' client bears: the cluster token.
-        self.streams = NodeStreams({k: v for k, v in client.headers.items() if k.lower() == "authorization"})
+        """`client` makes the control calls (reserve, prefill, abort), `streams` reads the token streams; both
+        send the cluster token."""
+        self.client, self.streams, self.cluster, self.metrics = client, streams, cluster, metrics
         self.prefill_timeout = httpx.Timeout(prefill_timeout_seconds, connect=5.0)
         self._aborts: set[asyncio.Task] = set()
 
