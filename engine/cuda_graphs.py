@@ -88,14 +88,18 @@ class DecodeGraphs:
         index = bisect.bisect_left(self.batch_sizes, batch)
         return self.batch_sizes[index] if index < len(self.batch_sizes) else None
 
-    def replay(self, step_inputs: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    def replay(
+        self, step_inputs: torch.Tensor, block_tables: torch.Tensor, feedback: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """step_inputs [4, padded size] on the host, contiguous, padding included; block_tables [batch,
         width] for the real rows. Both are copied without waiting (pinned host memory on CUDA: the caller
-        keeps them unchanged until the step's results are read). Returns the padded batch's float32
-        logits, valid until the next replay."""
+        keeps them unchanged until the copies have run). feedback: the real rows' tokens on the device,
+        which replace the host's. Returns the padded batch's float32 logits, valid until the next replay."""
         size = step_inputs.shape[1]
         batch, width = block_tables.shape
         self.inputs(size).copy_(step_inputs, non_blocking=True)
+        if feedback is not None:
+            self.inputs(size)[TOKEN, :batch].copy_(feedback)
         self.block_tables[:batch, :width].copy_(block_tables, non_blocking=True)
         self.num_replays += 1
         if self.eager:

@@ -27,6 +27,8 @@ from kvferry.kvcache.allocator import BlockAllocator, OutOfBlocksError
 from kvferry.kvcache.kv_pool import KVPool, KVPoolLayout
 
 PromptInput = str | dict[str, list[int]]
+# Stands for a token still on the device (a step launched ahead reads it there); replaced once it is read.
+PLACEHOLDER_TOKEN = -1
 
 
 @dataclass(frozen=True)
@@ -232,17 +234,22 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """One scheduler step: its batch's new tokens as outputs. With decode graphs the next step is
         queued on the GPU before this step's tokens are detokenized and turned into outputs, so the GPU
-        does not sit idle through that host work (on an H200 it was 0.2-1.4 ms of a 5-8 ms step). A
-        sequence that a stop string ends meanwhile then has one wasted row in the queued step; a request
-        that arrives meanwhile is admitted one step later."""
+        does not sit idle through that host work (on an H200 it was 0.2-1.4 ms of a 5-8 ms step). Where
+        the next batch can only be this one again, one token further (_launch_ahead), it is queued even
+        before this step's tokens reach the host, so the GPU does not wait for the sampling's round trip,
+        the scheduler or the launch either. A sequence that a stop string or token ends meanwhile then has
+        one wasted row in the queued step; a request that arrives meanwhile is admitted one step later."""
         launched = self._pending or self._launch_next()
         self._pending = None
         if launched is None:
             return []
         batch, handle = launched
+        ahead = self._launch_ahead(batch, handle)
         sampled_seqs, sampled = self.runner.collect(handle)
-        advanced, deferred = self._advance(batch, sampled_seqs, sampled)
-        if self.runner.graphs is not None and self.scheduler.has_unfinished:
+        advanced, deferred = self._advance(batch, sampled_seqs, sampled, counted=ahead is not None)
+        if ahead is not None:
+            self._pending = ahead
+        elif self.runner.graphs is not None and self.scheduler.has_unfinished:
             self._pending = self._launch_next()
         for seq, token in deferred:
             self._detokenize(seq, token)
@@ -255,6 +262,44 @@ class LLMEngine:
         self._mark_first_scheduled(batch)
         return batch, self.runner.launch(batch)
 
+    def _launch_ahead(self, batch: ScheduledBatch, handle: Launched) -> tuple[ScheduledBatch, Launched] | None:
+        """Queue the next step before this one's tokens are on the host, when the scheduler can only pick
+        the same sequences again, each for one token: every sequence of the batch samples, they are all
+        the running ones, none waits, none reaches its length limit, holds its KV for a transfer or wants
+        logprobs (read on the host), and the pool has the blocks for all of them (so nothing is
+        preempted). Each sequence gets a placeholder for the token on its way, and the next graph reads
+        the real one on the device. None (nothing queued, nothing changed) otherwise."""
+        graphs = self.runner.graphs
+        seqs, running = batch.seqs, self.scheduler.running
+        if (
+            graphs is None
+            or self.scheduler.waiting
+            or len(handle.sampling_seqs) != len(seqs)
+            or len(running) != len(seqs)
+            or graphs.padded_size(len(seqs)) is None
+            or any(a is not b for a, b in zip(running, seqs, strict=True))
+        ):
+            return None
+        free_blocks = self.allocator.num_free_blocks
+        for seq in seqs:
+            params = seq.params
+            if (
+                params.logprobs is not None
+                or self.requests[seq.request_id].hold_kv
+                or seq.num_output_tokens + 1 >= params.max_tokens
+                or seq.num_tokens + 1 >= self.max_model_len
+            ):
+                return None
+            free_blocks -= self.block_manager.blocks_for(seq.num_tokens + 1) - len(seq.block_ids)
+        if free_blocks < 0:
+            return None
+        tokens = self.runner.sample_ahead(handle)
+        self._count_computed(batch)
+        for seq in seqs:
+            seq.token_ids.append(PLACEHOLDER_TOKEN)
+        following = self.scheduler.schedule()
+        return following, self.runner.launch(following, feedback=tokens)
+
     def _mark_first_scheduled(self, batch: ScheduledBatch) -> None:
         now = time.monotonic()
         for seq in batch.seqs:
@@ -262,25 +307,33 @@ class LLMEngine:
             if request is not None and request.first_scheduled_time is None:
                 request.first_scheduled_time = now
 
-    def _advance(
-        self, batch: ScheduledBatch, sampled_seqs: list[Sequence], sampled: SamplerOutput
-    ) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
-        """Count the batch's computed tokens and append the sampled ones, skipping sequences that finished
-        while the batch ran (an abort, a stop string found in the step before). A token that ends its
-        sequence without its text (a stop token, EOS, the length limit) finishes it here, before the next
-        schedule; so does any token of a request holding its KV. The others' detokenization is returned
-        to be done later. Returns (sequences that got a token, deferred (sequence, token) pairs)."""
+    def _count_computed(self, batch: ScheduledBatch) -> None:
         for seq, count in zip(batch.seqs, batch.num_new_tokens, strict=True):
             if not seq.is_finished:
                 seq.num_computed_tokens += count
                 self.block_manager.cache_computed_blocks(seq)
+
+    def _advance(
+        self, batch: ScheduledBatch, sampled_seqs: list[Sequence], sampled: SamplerOutput, counted: bool
+    ) -> tuple[list[Sequence], list[tuple[Sequence, int]]]:
+        """Count the batch's computed tokens and append the sampled ones, skipping sequences that finished
+        while the batch ran (an abort, a stop string found in the step before). counted: the next step
+        was launched ahead, which counted them already and left a placeholder for each token. A token that
+        ends its sequence without its text (a stop token, EOS, the length limit) finishes it here, before
+        the next schedule; so does any token of a request holding its KV. The others' detokenization is
+        returned to be done later. Returns (sequences that got a token, deferred (sequence, token) pairs)."""
+        if not counted:
+            self._count_computed(batch)
         advanced: list[Sequence] = []
         deferred: list[tuple[Sequence, int]] = []
         for seq, token, logprobs in zip(sampled_seqs, sampled.token_ids, sampled.logprobs, strict=True):
             if seq.is_finished:
                 continue
             advanced.append(seq)
-            self._append_token(seq, token, logprobs)
+            if counted:
+                seq.token_ids[-1] = token  # no logprobs: _launch_ahead does not take such sequences
+            else:
+                self._append_token(seq, token, logprobs)
             if self._finish_reason(seq, token, None)[0] or self.requests[seq.request_id].hold_kv:
                 self._detokenize(seq, token)
             else:

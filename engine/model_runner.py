@@ -13,7 +13,7 @@ import torch
 from kvferry.engine.attention_metadata import AttentionMetadata
 from kvferry.engine.cuda_graphs import CONTEXT_LEN, POSITION, SLOT, TOKEN, DecodeGraphs
 from kvferry.engine.model import CausalLM
-from kvferry.engine.sampler import SamplerOutput, sample
+from kvferry.engine.sampler import PendingSample, SamplerOutput, sample_async
 from kvferry.engine.scheduler import ScheduledBatch
 from kvferry.engine.sequence import Sequence
 from kvferry.kvcache.allocator import NULL_BLOCK_ID
@@ -26,6 +26,7 @@ class Launched:
 
     sampling_seqs: list[Sequence]
     logits: torch.Tensor | None
+    sampled: PendingSample | None = None  # set once its sampling is queued (sample_ahead)
 
 
 class BlockTableRows:
@@ -71,7 +72,8 @@ class ModelRunner:
         self.device = device
         self.block_size = pool.layout.block_size
         self.graphs = graphs
-        self._graph_inputs: tuple[DecodeGraphs, torch.Tensor, BlockTableRows] | None = None
+        self._graph_inputs: tuple[DecodeGraphs, list[tuple[torch.Tensor, BlockTableRows]]] | None = None
+        self._graph_steps = 0  # picks which of the two host input buffers a replay fills
 
     def _block_table(self, seqs: list[Sequence]) -> torch.Tensor:
         width = max((len(s.block_ids) for s in seqs), default=0)
@@ -130,16 +132,24 @@ class ModelRunner:
         return self.graphs.padded_size(len(batch.seqs))
 
     def _graph_buffers(self, graphs: DecodeGraphs) -> tuple[torch.Tensor, BlockTableRows]:
-        """Host-side step inputs and block tables for these graphs, made once (tests swap `graphs` in)."""
+        """Host-side step inputs and block tables for these graphs, made once (tests swap `graphs` in). Two
+        sets, used in turn: when the engine launches a step ahead, the copy out of the previous step's set
+        may still be queued behind the step before it."""
         if self._graph_inputs is None or self._graph_inputs[0] is not graphs:
             pin = self.device.type == "cuda"
-            step_inputs = torch.empty(4 * graphs.max_batch, dtype=torch.long, pin_memory=pin)
-            tables = BlockTableRows(graphs.max_batch, graphs.block_tables.shape[1], pin)
-            self._graph_inputs = graphs, step_inputs, tables
-        return self._graph_inputs[1:]
+            sets = [
+                (torch.empty(4 * graphs.max_batch, dtype=torch.long, pin_memory=pin),
+                 BlockTableRows(graphs.max_batch, graphs.block_tables.shape[1], pin))
+                for _ in range(2)
+            ]  # fmt: skip
+            self._graph_inputs = graphs, sets
+        self._graph_steps += 1
+        return self._graph_inputs[1][self._graph_steps % 2]
 
-    def _replay_decode(self, seqs: list[Sequence], size: int) -> torch.Tensor:
-        """Queues the graph of `size` rows for a decode-only batch; its logits [size, vocab] on the device."""
+    def _replay_decode(self, seqs: list[Sequence], size: int, feedback: torch.Tensor | None) -> torch.Tensor:
+        """Queues the graph of `size` rows for a decode-only batch; its logits [size, vocab] on the device.
+        feedback: the rows' input tokens on the device (the previous step's samples), in place of the
+        host's token ids, which are placeholders then."""
         graphs = self.graphs
         assert graphs is not None
         flat_inputs, tables = self._graph_buffers(graphs)
@@ -157,15 +167,18 @@ class ModelRunner:
         inputs[POSITION, batch:] = 0
         inputs[SLOT, batch:] = NULL_BLOCK_ID * block_size
         inputs[CONTEXT_LEN, batch:] = 1
-        return graphs.replay(step_inputs, tables.fill(seqs))
+        return graphs.replay(step_inputs, tables.fill(seqs), feedback)
 
     @torch.inference_mode()
-    def launch(self, batch: ScheduledBatch) -> Launched:
+    def launch(self, batch: ScheduledBatch, feedback: torch.Tensor | None = None) -> Launched:
         """Queue the batch's forward; sampling waits in collect(). Which sequences sample is fixed here,
-        from the state the batch was scheduled with."""
+        from the state the batch was scheduled with. feedback: the batch's input tokens on the device, one
+        per sequence (a decode-only batch that replays a graph only)."""
         graph_size = self._graph_size(batch)
+        if graph_size is None and feedback is not None:
+            raise ValueError("device-side input tokens need a batch that replays a decode graph")
         if graph_size is not None:
-            logits = self._replay_decode(batch.seqs, graph_size)[: len(batch.seqs)]
+            logits = self._replay_decode(batch.seqs, graph_size, feedback)[: len(batch.seqs)]
             # A one-token prefill chunk that stops short of the prompt's end samples nothing.
             rows = [i for i, seq in enumerate(batch.seqs) if seq.num_computed_tokens + 1 == seq.num_tokens]
             if len(rows) < len(batch.seqs):
@@ -178,8 +191,18 @@ class ModelRunner:
         return Launched(prepared.sampling_seqs, self.model.logits(hidden[prepared.sample_rows]))
 
     @torch.inference_mode()
+    def sample_ahead(self, launched: Launched) -> torch.Tensor:
+        """Queue the batch's sampling now (before the next graph replay overwrites its logits); its tokens,
+        on the device, one per sampling sequence."""
+        assert launched.logits is not None
+        if launched.sampled is None:
+            launched.sampled = sample_async(launched.logits, launched.sampling_seqs)
+        return launched.sampled.token_ids
+
+    @torch.inference_mode()
     def collect(self, launched: Launched) -> tuple[list[Sequence], SamplerOutput]:
         """Sample one token for each sequence that computed all its known tokens."""
         if launched.logits is None:
             return [], SamplerOutput([], [])
-        return launched.sampling_seqs, sample(launched.logits, launched.sampling_seqs)
+        sampled = launched.sampled or sample_async(launched.logits, launched.sampling_seqs)
+        return launched.sampling_seqs, sampled.result()

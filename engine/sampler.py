@@ -71,8 +71,33 @@ def _top_logprobs(logprobs: torch.Tensor, token_id: int, count: int) -> dict[int
     return result
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
-    """logits: [len(seqs), vocab] float32, one row per sequence that samples this step."""
+@dataclass
+class PendingSample:
+    """A batch's tokens, drawn on the device and on their way to the host. `token_ids` stays on the device,
+    where the next step can read it before the host has (llm_engine's launch ahead); `result` waits only
+    for this batch's sampling, not for whatever was queued after it."""
+
+    token_ids: torch.Tensor
+    host_token_ids: torch.Tensor
+    ready: torch.cuda.Event | None
+    raw_logprobs: torch.Tensor | None
+    wants_logprobs: list[int | None]
+
+    def result(self) -> SamplerOutput:
+        if self.ready is not None:
+            self.ready.synchronize()
+        tokens = self.host_token_ids.tolist()
+        raw = self.raw_logprobs
+        logprobs: list[dict[int, float] | None] = [
+            None if count is None else _top_logprobs(raw[row], tokens[row], count)  # type: ignore[index]
+            for row, count in enumerate(self.wants_logprobs)
+        ]
+        return SamplerOutput(tokens, logprobs)
+
+
+def sample_async(logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
+    """Queue the sampling of one token per row; logits: [len(seqs), vocab] float32, one row per sequence
+    that samples this step."""
     wants_logprobs = [s.params.logprobs for s in seqs]
     raw_logprobs = logits.log_softmax(dim=-1) if any(w is not None for w in wants_logprobs) else None
     if any(s.params.needs_penalties for s in seqs):
@@ -89,9 +114,13 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
             generator = seqs[row].generator
             if generator is not None:
                 token_ids[row] = torch.multinomial(probs[i], 1, generator=generator)[0]
-    tokens = token_ids.tolist()
-    logprobs: list[dict[int, float] | None] = [
-        None if count is None else _top_logprobs(raw_logprobs[row], tokens[row], count)  # type: ignore[index]
-        for row, count in enumerate(wants_logprobs)
-    ]
-    return SamplerOutput(tokens, logprobs)
+    if token_ids.device.type != "cuda":
+        return PendingSample(token_ids, token_ids, None, raw_logprobs, wants_logprobs)
+    # A copy into pinned memory and an event: waiting on a plain .tolist() would also wait for every
+    # step queued after this one.
+    host = torch.empty(token_ids.shape, dtype=token_ids.dtype, pin_memory=True)
+    host.copy_(token_ids, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+    return PendingSample(token_ids, host, ready, raw_logprobs, wants_logprobs)
+

@@ -31,13 +31,17 @@ def test_padded_decode_batches_match_the_eager_engine(arch, tiny_models, make_ll
         engine.runner.model, engine.pool, [2, 8], engine.block_manager.blocks_for(engine.max_model_len), eager=True
     )
     replayed = []
+    fed = []  # per replay: did its input tokens come from the previous step's samples on the device
     replay = engine.runner.graphs.replay
 
-    def counting_replay(step_inputs, block_tables):
+    def counting_replay(step_inputs, block_tables, feedback=None):
         replayed.append((step_inputs.shape[1], block_tables.shape[0]))
-        return replay(step_inputs, block_tables)
+        fed.append(feedback is not None)
+        return replay(step_inputs, block_tables, feedback)
 
     engine.runner.graphs.replay = counting_replay
     got = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
     assert got == expected
     assert {(8, 7), (8, 3), (2, 1)} <= set(replayed)  # padded by one, five and one rows
+    # Steps launched ahead (tokens fed on the device) and steps after a request finished (tokens from the host).
+    assert any(fed) and not all(fed)

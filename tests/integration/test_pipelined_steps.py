@@ -86,3 +86,41 @@ def test_abort_of_a_queued_step_frees_its_blocks(tiny_models, make_llm):
     assert sorted(finished) == ["0", "2"]
     assert all(len(o.outputs[0].token_ids) == 30 for o in finished.values())
     assert aborted.outputs[0].finish_reason == "abort" and tokens_at_abort == 4
+
+
+def test_steps_launched_ahead_give_the_plain_engines_outputs(tiny_models, make_llm):
+    """Without logprobs every step whose batch can only repeat is launched before its tokens reach the host
+    (their input tokens go from sample to graph on the device): stop tokens and stop strings that fire
+    while such a step is queued, staggered length limits and seeded sampling give the plain engine's
+    outputs, and every block is free afterwards."""
+    plain = make_llm(tiny_models["llama"], max_model_len=256)
+    prompts = _prompts(plain.engine.model_config.vocab_size, 6)
+    free_run = plain.generate(prompts, SamplingParams(temperature=0, max_tokens=40, ignore_eos=True))
+    texts = [o.outputs[0].text for o in free_run]
+    stop_text = next(t[2 * len(t) // 3 : 2 * len(t) // 3 + 3] for t in texts if len(t.strip()) > 8)
+    stop_token = free_run[2].outputs[0].token_ids[25]
+    params = [
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop_text]),
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop_token_ids=[stop_token]),
+        SamplingParams(temperature=0.8, top_p=0.9, max_tokens=33, seed=3, n=2),
+        SamplingParams(temperature=0, max_tokens=17, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=40, ignore_eos=True, stop=[stop_text]),
+    ]
+    want = _summary(plain.generate(prompts, params))
+    assert any(c[3] == stop_token for o in want for c in o), "the stop token never fired"
+
+    pipelined = make_llm(tiny_models["llama"], max_model_len=256)
+    _with_eager_graphs(pipelined)
+    graphs = pipelined.engine.runner.graphs
+    replay = graphs.replay
+    fed = []
+
+    def counting_replay(step_inputs, block_tables, feedback=None):
+        fed.append(feedback is not None)
+        return replay(step_inputs, block_tables, feedback)
+
+    graphs.replay = counting_replay
+    assert _summary(pipelined.generate(prompts, params)) == want
+    assert sum(fed) > len(fed) // 2, f"{sum(fed)} of {len(fed)} decode steps were launched ahead"
+    assert pipelined.engine.allocator.check_integrity().in_use == 0
