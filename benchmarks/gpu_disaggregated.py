@@ -14,6 +14,7 @@ from the prefill process's engine serving the same requests whole.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing
 import random
@@ -88,8 +89,26 @@ def _prefill(engine, request_id: str, prompt: list[int]):
                 return output
 
 
+class GcClock:
+    """Time this process spends in garbage collection, for telling a collector pause from a slow transfer."""
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self._started = 0.0
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, _info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.total_s += time.perf_counter() - self._started
+
+
+GC_CLOCK = GcClock()
+
+
 def disaggregated_request(engine, sender, conn, request_id: str, prompt: list[int], output_len: int) -> dict[str, float]:
-    from kvferry.transfer.kv_connector import DestinationHandle
+    from kvferry.transfer.kv_connector import DestinationHandle, coalesce_block_runs
 
     started = time.monotonic()
     first = _prefill(engine, request_id, prompt)
@@ -97,8 +116,10 @@ def disaggregated_request(engine, sender, conn, request_id: str, prompt: list[in
     conn.send({"cmd": "reserve", "request_id": request_id, "prompt": prompt, "max_tokens": output_len})
     handle = DestinationHandle.from_json(conn.recv()["handle"])
     reserved = time.monotonic()
+    gc_before = GC_CLOCK.total_s
     sent = sender.send_blocks(request_id, first.kv_block_ids, handle)
     transferred = time.monotonic()
+    runs = coalesce_block_runs(first.kv_block_ids[handle.first_block :], handle.block_ids)
     engine.release_kv(request_id)
     conn.send({"cmd": "activate", "request_id": request_id, "first_token": first.outputs[0].token_ids[0]})
     decoded = conn.recv()
@@ -107,7 +128,8 @@ def disaggregated_request(engine, sender, conn, request_id: str, prompt: list[in
     return {"ttft_ms": 1e3 * ttft, "tpot_ms": 1e3 * (decoded["done_at"] - decoded["first_token_at"]) / (output_len - 1),
             "prefill_ms": 1e3 * (prefilled - started), "reserve_ms": 1e3 * (reserved - prefilled),
             "transfer_ms": 1e3 * (transferred - reserved), "transfer_share": (transferred - reserved) / ttft,
-            "kv_bytes": sent}  # fmt: skip
+            "kv_bytes": sent, "transfer_gc_ms": 1e3 * (GC_CLOCK.total_s - gc_before), "runs": len(runs),
+            "src_first_block": runs[0][0], "dst_first_block": runs[0][1]}  # fmt: skip
 
 
 def colocated_request(engine, request_id: str, prompt: list[int], output_len: int) -> dict[str, float]:
@@ -129,8 +151,11 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": statistics.median(values), "p90": cuts[89], "p99": cuts[98]}
 
 
+NOT_TIMES = ("kv_bytes", "runs", "src_first_block", "dst_first_block")
+
+
 def summarize(samples: list[dict[str, float]]) -> dict[str, object]:
-    return {key: percentiles([s[key] for s in samples]) for key in samples[0] if key != "kv_bytes"}
+    return {key: percentiles([s[key] for s in samples]) for key in samples[0] if key not in NOT_TIMES}
 
 
 def main() -> None:
@@ -171,7 +196,8 @@ def main() -> None:
         disaggregated = [disaggregated_request(prefill, sender, conn, f"d{length}-{i}", p, args.output_len)
                          for i, p in enumerate(timed)]  # fmt: skip
         entry = {"colocated": summarize(colocated), "disaggregated": summarize(disaggregated),
-                 "kv_bytes_per_request": disaggregated[0]["kv_bytes"]}  # fmt: skip
+                 "kv_bytes_per_request": disaggregated[0]["kv_bytes"],
+                 "transfers": [{key: s[key] for key in ("transfer_ms", "transfer_gc_ms", *NOT_TIMES[1:])} for s in disaggregated]}  # fmt: skip
         result["lengths"][str(length)] = entry  # type: ignore[index]
         d, c = entry["disaggregated"], entry["colocated"]
         print(f"{length}-token prompts: TTFT p50 colocated {c['ttft_ms']['p50']:.1f} ms, disaggregated "
