@@ -43,8 +43,7 @@ def fail_puts(rounds: int) -> None:
         keep = len(lengths) - max(1, len(lengths) // 2)
         issued = original(endpoint, addresses[:keep], lengths[:keep], remote[:keep], rkeys[:keep])
         assert not issued.failed, "a real put failed under the injected fault"
-        error = ucp_direct.error_pointer(UCS_ERR_CONNECTION_RESET)
-        return ucp_direct.PutBatch([None] * keep + [error] * (len(lengths) - keep))
+        return ucp_direct.PutBatch(len(lengths), list(range(keep, len(lengths))), UCS_ERR_CONNECTION_RESET)
 
     ucp_direct.put_many = put_many  # type: ignore[assignment]
 

@@ -1,0 +1,48 @@
+/* One call that issues a whole batch of UCP puts: the loop of transfer/ucp_direct.py's put_many.
+ *
+ * Called through ctypes a put at a time, every put paid ctypes' argument conversion and a Python loop
+ * step (about 1 us each, a thousand puts per 64 MiB batch of 64 KiB blocks, four thousand at 16 KiB).
+ * Python hands in the address of ucp_put_nbx and ucp_request_free from the libucp that ucxx loaded,
+ * and the endpoint, request parameter and remote key pointers, so this file needs no UCX header or
+ * library: it is plain C with no Python API either, loaded with ctypes (which releases the GIL for the
+ * call). Built by setuptools with the package (pyproject.toml), or in place on first import
+ * (transfer/native.py) where the tree runs from source.
+ */
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef void *(*put_nbx_fn)(void *endpoint, const void *buffer, size_t count, uint64_t remote_address,
+                            void *rkey, const void *param);
+typedef void (*request_free_fn)(void *request);
+
+/* UCS_PTR_IS_ERR: an operation that failed at once returns its (negative) status as a pointer. */
+#define UCS_ERR_LAST (-100)
+
+/* Put src[i] (lengths[i] bytes) to dst[i] under rkeys[i] for every i < count. A put that completed
+ * at once returns NULL; one in flight returns a request, freed here at once (UCP releases it itself
+ * once it completes; the flush after the batch confirms it landed). The indices of the puts that
+ * failed at once go to failed[] and the status of the first to *first_status; returns how many. */
+int64_t kvf_put_many(put_nbx_fn put, request_free_fn request_free, void *endpoint, const void *param,
+                     size_t count, const uint64_t *src, const uint64_t *lengths, const uint64_t *dst,
+                     const uint64_t *rkeys, int64_t *failed, int32_t *first_status)
+{
+    int64_t failures = 0;
+    *first_status = 0;
+    for (size_t i = 0; i < count; i++) {
+        void *request = put(endpoint, (const void *)(uintptr_t)src[i], (size_t)lengths[i], dst[i],
+                            (void *)(uintptr_t)rkeys[i], param);
+        if (request == NULL) {
+            continue;
+        }
+        if ((uintptr_t)request >= (uintptr_t)(intptr_t)UCS_ERR_LAST) {
+            if (failures == 0) {
+                *first_status = (int32_t)(intptr_t)request;
+            }
+            failed[failures++] = (int64_t)i;
+        } else {
+            request_free(request);
+        }
+    }
+    return failures;
+}
