@@ -42,6 +42,7 @@ class DecodeGraphs:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.num_replays = 0  # decode steps served by this object, so tests can tell graphs ran
+        self.num_fed_replays = 0  # of those, steps launched ahead (their input tokens fed on the device)
         if not eager:
             self._capture_all()
 
@@ -100,6 +101,7 @@ class DecodeGraphs:
         self.inputs(size).copy_(step_inputs, non_blocking=True)
         if feedback is not None:
             self.inputs(size)[TOKEN, :batch].copy_(feedback)
+            self.num_fed_replays += 1
         self.block_tables[:batch, :width].copy_(block_tables, non_blocking=True)
         self.num_replays += 1
         if self.eager:

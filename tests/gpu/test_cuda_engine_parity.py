@@ -83,6 +83,7 @@ def test_float32_greedy_is_token_identical(arch, size, mode, checkpoints, float3
     if mode == "preempting":
         assert llm.engine.scheduler.num_preemptions > 0
     assert llm.engine.runner.graphs.num_replays > 0, "no decode step ran through a CUDA graph"
+    assert llm.engine.runner.graphs.num_fed_replays > 0, "no decode step was launched ahead of its tokens"
 
 
 def _teacher_forced_agreement(model, prompts: list[list[int]], continuations: list[list[int]]) -> float:
