@@ -15,7 +15,7 @@ import os
 
 import torch
 import torch.nn.functional as F
-from kvferry.kernels import reference
+from kvferry.kernels import cpu_linear, reference
 
 BACKEND_VARIABLE = "KVFERRY_KERNELS"
 BACKENDS = ("auto", "triton", "torch")
@@ -31,7 +31,10 @@ def use_triton(tensor: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear; one 16-bit row without a bias (a batch-1 decode step) takes the Triton GEMV, which
-    reads the weights faster than cuBLAS does for one row (kernels/triton_linear.py)."""
+    reads the weights faster than cuBLAS does for one row (kernels/triton_linear.py); a few float32 rows
+    on the CPU (a decode batch) take oneDNN with prepacked weights (kernels/cpu_linear.py)."""
+    if cpu_linear.applies(x, weight):
+        return cpu_linear.linear(x, weight, bias)
     one_row = x.dim() == 2 and x.shape[0] == 1 and bias is None and x.dtype in (torch.bfloat16, torch.float16)
     if one_row and use_triton(x):
         from kvferry.kernels import triton_linear

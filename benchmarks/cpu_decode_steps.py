@@ -1,0 +1,87 @@
+"""CPU time of one decode step for batches of 1-8 sequences: oneDNN's prepacked linear against F.linear.
+
+The `small` checkpoint, float32, one torch thread, 512-token prompts, 16 decode steps per batch; the two
+matmul paths take turns batch by batch in one process (`kernels/cpu_linear.PACKED_MAX_ROWS` set to 0
+sends every call to F.linear). CPU time of the process, not wall time: other jobs on a shared machine
+stretch wall time far more. Writes `benchmarks/results/cpu_decode_steps.json`.
+
+    .venv/bin/python benchmarks/cpu_decode_steps.py [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+
+import torch
+from common import cached_model, environment, print_table, write_results
+from kvferry.engine import LLM, SamplingParams
+from kvferry.kernels import cpu_linear
+
+BATCHES = (1, 2, 3, 4, 8)
+PROMPT_TOKENS = 512
+DECODE_STEPS = 16
+
+
+def median_step_ms(llm: LLM, batch: int, packed_rows: int, rng: random.Random) -> float:
+    cpu_linear.PACKED_MAX_ROWS = packed_rows
+    engine = llm.engine
+    params = SamplingParams(temperature=0, max_tokens=DECODE_STEPS + 1, ignore_eos=True)
+    for _ in range(batch):
+        prompt = [rng.randrange(1000) for _ in range(PROMPT_TOKENS)]
+        engine.add_request(f"r{rng.random()}", {"prompt_token_ids": prompt}, params)
+    engine.step()  # the prefill
+    step_ms = []
+    while engine.has_unfinished_requests():
+        start = time.process_time()
+        engine.step()
+        step_ms.append((time.process_time() - start) * 1000)
+    return statistics.median(step_ms)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    llm = LLM(cached_model("llama", "small"), dtype="float32", max_model_len=2048)
+    rng = random.Random(0)
+    packed_rows = cpu_linear.PACKED_MAX_ROWS
+    samples: dict[tuple[int, str], list[float]] = {}
+    for _ in range(args.rounds):
+        for batch in BATCHES:
+            for path, rows in (("f_linear", 0), ("packed", packed_rows)):
+                samples.setdefault((batch, path), []).append(median_step_ms(llm, batch, rows, rng))
+    rows = []
+    for batch in BATCHES:
+        f_linear = statistics.median(samples[(batch, "f_linear")])
+        packed = statistics.median(samples[(batch, "packed")])
+        rows.append(
+            {
+                "batch": batch,
+                "f_linear_ms": round(f_linear, 1),
+                "packed_ms": round(packed, 1),
+                "speedup": round(f_linear / packed, 2),
+            }
+        )
+    print_table(rows, ["batch", "f_linear_ms", "packed_ms", "speedup"])
+    path = write_results(
+        "cpu_decode_steps",
+        {
+            "rows": rows,
+            "rounds": args.rounds,
+            "prompt_tokens": PROMPT_TOKENS,
+            "load_avg": os.getloadavg(),
+            "environment": environment(),
+        },
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
