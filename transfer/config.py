@@ -16,15 +16,9 @@ class TransferConfig:
     max_retries: int = 2
     # First contact with a peer (hello / hello_ack); a closed peer fails within this.
     handshake_timeout_seconds: float = 1.0
-    # How long the loop sleeps in epoll when nothing is in flight; bounds the latency of a submit.
+    # The loop sleeps in epoll whenever it has no UCP request of its own in flight; a peer's message or
+    # a submitted command wakes it at once, and this bounds how late it sees a deadline pass.
     idle_wait_ms: int = 1
-    # With no UCP request of its own in flight, the loop polls first reply_poll_seconds after the last
-    # activity, then twice as long each time up to reply_poll_max_seconds, and sleeps in epoll once
-    # nothing is awaited: UCX's shared-memory transports cannot wake an epoll sleeper (a reply or a
-    # write came up to idle_wait_ms late), and a spinning target took a core from the writer, whose
-    # process does the copying (2-core hosts).
-    reply_poll_seconds: float = 50e-6
-    reply_poll_max_seconds: float = 400e-6
     # Segments (512 KiB at most) UCX's CMA transport may copy per worker progress call (its
     # CMA_TX_QUOTA, default 1): with 1, every put of a batch costs one turn of the engine loop (tens of
     # microseconds of Python); 64 KiB blocks then moved at a third of memcpy.
