@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from kvferry.engine.devices import resolve_device
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -12,7 +13,7 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 @dataclass(frozen=True)
 class EngineArgs:
     dtype: str = "auto"  # "auto": the checkpoint's dtype on CUDA, float32 on the CPU
-    device: str = "auto"  # "auto": cuda when available, else cpu
+    device: str = "auto"  # "auto": cuda:0 when a GPU is visible, else cpu; "cuda:N": GPU N (checked at start)
     max_model_len: int | None = None  # default: the model's max_position_embeddings, capped at 8192
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
@@ -39,9 +40,7 @@ class EngineArgs:
             raise ValueError(f"num_kv_blocks must be at least 2, got {self.num_kv_blocks}")
 
     def resolve_device(self) -> torch.device:
-        if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+        return resolve_device(self.device, torch.cuda.device_count())
 
     def cuda_graph_batch_sizes(self) -> list[int]:
         """Decode batch sizes captured as CUDA graphs; a batch is padded up to the next one. Powers of two up

@@ -10,6 +10,7 @@ import torch
 from kvferry.engine.block_manager import BlockManager
 from kvferry.engine.cuda_graphs import DecodeGraphs
 from kvferry.engine.detokenizer import IncrementalDetokenizer
+from kvferry.engine.devices import make_current
 from kvferry.engine.engine_args import EngineArgs
 from kvferry.engine.generation_config import GenerationDefaults
 from kvferry.engine.kv_budget import num_kv_blocks
@@ -76,6 +77,7 @@ class LLMEngine:
         self.model_dir = Path(model_dir)
         self.model_config = ModelConfig.from_dir(self.model_dir)
         self.device = args.resolve_device()
+        make_current(self.device)  # before the weights, the pool, the kernels' first launches and the graphs
         self.dtype = args.resolve_dtype(self.model_config.torch_dtype, self.device)
         self.tokenizer = ModelTokenizer(self.model_dir)
         self.generation_defaults = GenerationDefaults.from_dir(self.model_dir, self.model_config, self.tokenizer)
@@ -239,6 +241,7 @@ class LLMEngine:
         before this step's tokens reach the host, so the GPU does not wait for the sampling's round trip,
         the scheduler or the launch either. A sequence that a stop string or token ends meanwhile then has
         one wasted row in the queued step; a request that arrives meanwhile is admitted one step later."""
+        make_current(self.device)  # steps may run on another thread than the constructor's (AsyncLLMEngine)
         launched = self._pending or self._launch_next()
         self._pending = None
         if launched is None:

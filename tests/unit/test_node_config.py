@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+from kvferry.engine.devices import resolve_device
 
 from kvferry.node_config import add_node_arguments, node_config_from, transfer_environment
 from kvferry.node_runtime import engine_args_from
@@ -21,7 +22,8 @@ def test_each_node_gets_its_own_device_and_batch_limits():
     decode = engine_args_from(_config("decode", "--device", "cuda:1", "--max-num-seqs", "256"))
     assert (prefill.device, prefill.max_num_batched_tokens) == ("cuda:0", 512)
     assert (decode.device, decode.max_num_seqs) == ("cuda:1", 256)
-    assert str(prefill.resolve_device()) == "cuda:0" and str(decode.resolve_device()) == "cuda:1"
+    # On a two-GPU host (resolution checks the index against the GPUs this process sees: tests/unit/test_devices.py)
+    assert [str(resolve_device(args.device, cuda_count=2)) for args in (prefill, decode)] == ["cuda:0", "cuda:1"]
 
 
 def test_two_nodes_share_one_gpu_by_memory_fraction_or_explicit_pool():
