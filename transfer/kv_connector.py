@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from kvferry.engine.devices import make_current
 from kvferry.kvcache.kv_pool import KVPool
 from kvferry.transfer.engine import TransferEngine
 from kvferry.transfer.errors import LayoutMismatchError
@@ -28,6 +29,15 @@ COMPATIBILITY_FIELDS = ("model", "dtype", "block_size", "layout", "num_layers", 
 
 def pool_description(model: str, pool: KVPool) -> dict[str, object]:
     return {"model": model, **pool.layout.as_dict()}
+
+
+def register_pool(engine: TransferEngine, pool: KVPool) -> None:
+    """Register the pool's memory. A pool on a GPU first becomes the current device of the engine's loop
+    thread, which drives every UCX operation: UCX's CUDA transports work in the CUDA context current on the
+    calling thread, and a fresh thread's is GPU 0's, wherever the pool lives."""
+    if pool.tensor.is_cuda:
+        engine._call(lambda: make_current(pool.tensor.device))
+    engine.register_memory(pool.tensor.data_ptr(), pool.tensor.numel() * pool.tensor.element_size(), pool.tensor.is_cuda)
 
 
 def check_compatible(local: dict[str, object], remote: dict[str, object], peer: str) -> None:
@@ -105,7 +115,7 @@ class KVReceiver:
         self._leases: dict[str, _Lease] = {}
         self._lock = threading.Lock()
         self.stats = {"leases_expired": 0, "leases_completed": 0, "claims_expired": 0}
-        engine.register_memory(self.base, pool.tensor.numel() * pool.tensor.element_size(), pool.tensor.is_cuda)
+        register_pool(engine, pool)
         engine.write_guard = self._guard
         engine.on_write_finished = self._finished
 
@@ -219,7 +229,7 @@ class KVSender:
         self.block_bytes = pool.block_bytes()
         self.base = pool.tensor.data_ptr()
         self.description = pool_description(model, pool)
-        engine.register_memory(self.base, pool.tensor.numel() * pool.tensor.element_size(), pool.tensor.is_cuda)
+        register_pool(engine, pool)
 
     def handshake(self, peer: str) -> None:
         """Check that `peer` answers and that its published pool matches ours (errors name the field)."""

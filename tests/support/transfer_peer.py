@@ -16,6 +16,7 @@ import os
 import sys
 
 import torch
+from kvferry.engine.devices import make_current, resolve_device
 from kvferry.kvcache.kv_pool import KVPool, KVPoolLayout
 from kvferry.transfer import TransferConfig, TransferEngine, TransferError
 from kvferry.transfer.kv_connector import DestinationHandle, KVReceiver, KVSender, pool_description
@@ -54,6 +55,7 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=os.environ.get("KVFERRY_LOG_LEVEL", "WARNING"), stream=sys.stderr)
 
+    make_current(resolve_device(args.device, torch.cuda.device_count()))  # before UCX starts and the pool is made
     pool = make_pool(args.dtype, args.num_blocks, args.block_size, args.num_layers, args.kv_heads, args.head_dim, args.device)
     engine = TransferEngine(TransferConfig(timeout_seconds=args.timeout))
     engine.initialize(args.name, args.registry, "ucx", pool=pool_description(args.model, pool))
