@@ -337,19 +337,74 @@ def bandwidth_part(args: argparse.Namespace, registry: Registry, logs: Path) -> 
     contiguous = [batch_for(size, args.batch_bytes, contiguous=True) for size in args.block_sizes]
     source = source_bytes(args.batch_bytes)
     expected = {b: digest(expected_image(source, b), b.nbytes) for b in scattered + contiguous}
+    rounds = []
+    for number in range(args.rounds):
+        if args.rounds > 1:
+            print(f"round {number + 1} of {args.rounds}", flush=True)
+        # Odd rounds reverse the order, so that no system always runs first after the memcpy.
+        order = args.systems if number % 2 == 0 else args.systems[::-1]
+        rounds.append(bandwidth_round(order, scattered, contiguous, source, expected, args, registry, logs))
+    memcpy = {b.block_bytes: (pooled(b.nbytes, [r[0][b.block_bytes][0] for r in rounds]), pooled(b.nbytes, [r[0][b.block_bytes][1] for r in rounds]))
+              for b in scattered}  # fmt: skip
+    systems = {name: merge_rounds([r[1][name] for r in rounds]) for name in args.systems}
+    rows = [bandwidth_row(s, c, memcpy[s.block_bytes], systems) for s, c in zip(scattered, contiguous, strict=True)]
+    if args.rounds > 1:
+        for row, batch in zip(rows, scattered, strict=True):
+            row["rounds"] = round_columns(batch, rounds)
+    return {"rows": rows, "systems": {name: _system_summary(r) for name, r in systems.items()}}
 
+
+Round = tuple[dict[int, tuple[Measurement, Measurement]], dict[str, dict[str, Any]]]
+
+
+def bandwidth_round(order: list[str], scattered: list[Batch], contiguous: list[Batch], source: np.ndarray, expected: dict[Batch, str],
+                    args: argparse.Namespace, registry: Registry, logs: Path) -> Round:  # fmt: skip
+    """The memcpy, then each system in `order` in its own pair of processes (started and stopped here)."""
     memcpy: dict[int, tuple[Measurement, Measurement]] = {}
     for batch in scattered:
         memcpy[batch.block_bytes] = measure_memcpy(source, batch, args.runs, args.warmup, expected[batch])
         print(f"  memcpy        {_size(batch.block_bytes):>7s}: {memcpy[batch.block_bytes][0].gbps:7.3f} GB/s", flush=True)
     systems: dict[str, dict[str, Any]] = {}
-    for system in args.systems:
+    for system in order:
         batches = scattered + contiguous if system == "kvferry" else scattered
         systems[system] = measure_engine(system, batches, expected, args, registry.url, logs)
         if "error" in systems[system]:
             print(f"  {system}: no numbers: {systems[system]['error']}", flush=True)
-    rows = [bandwidth_row(s, c, memcpy[s.block_bytes], systems) for s, c in zip(scattered, contiguous, strict=True)]
-    return {"rows": rows, "systems": {name: _system_summary(r) for name, r in systems.items()}}
+    return memcpy, systems
+
+
+def pooled(nbytes: int, measurements: list[Measurement]) -> Measurement:
+    """One measurement from every round's timed batches (the median batch of them all)."""
+    if len(measurements) == 1:
+        return measurements[0]
+    latencies = [ms / 1e3 for m in measurements for ms in m.latencies_ms]
+    return Measurement.of(nbytes, latencies, all(m.verified for m in measurements))
+
+
+def merge_rounds(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """A system's results over the rounds: measurements pooled per batch, the first error kept, the
+    load before the first round and after the last."""
+    merged = {**results[-1], "load_before": results[0].get("load_before")}
+    batches = {batch for r in results for batch in r.get("measurements", {})}
+    merged["measurements"] = {b: pooled(b.nbytes, [r["measurements"][b] for r in results if b in r.get("measurements", {})]) for b in batches}
+    errors = [r["error"] for r in results if "error" in r]
+    if errors:
+        merged["error"] = errors[0]
+    return merged
+
+
+def round_columns(batch: Batch, rounds: list[Round]) -> dict[str, list[float | None]]:
+    """Per round, each system's GB/s and kvferry's ratios to NIXL and to memcpy measured in that round:
+    whether a margin survives the load's swings from one round to the next."""
+    def gbps(system: str, systems: dict[str, dict[str, Any]]) -> float | None:
+        m = systems.get(system, {}).get("measurements", {}).get(batch)
+        return None if m is None else m.gbps
+
+    columns: dict[str, list[float | None]] = {f"{name}_gbps": [gbps(name, r[1]) for r in rounds] for name in ENGINES}
+    columns["memcpy_gbps"] = [r[0][batch.block_bytes][0].gbps for r in rounds]
+    for name, other in (("kvferry_over_nixl", "nixl_gbps"), ("kvferry_share_of_memcpy", "memcpy_gbps")):
+        columns[name] = [None if k is None or not o else round(k / o, 3) for k, o in zip(columns["kvferry_gbps"], columns[other], strict=True)]
+    return columns
 
 
 def bandwidth_row(scattered: Batch, contiguous: Batch, memcpy: tuple[Measurement, Measurement],
@@ -502,6 +557,10 @@ def print_bandwidth(rows: list[dict[str, Any]]) -> None:
     columns = ["block", "kvferry_gbps", "nixl_gbps", "mooncake_tcp_gbps", "memcpy_gbps", "kvferry_contiguous_gbps",
                "kvferry_p50_ms", "kvferry_p99_ms", "nixl_p99_ms", "mooncake_tcp_p99_ms"]  # fmt: skip
     print_table([{"block": _size(r["block_bytes"]), **r} for r in rows], columns)
+    for r in rows:
+        if "rounds" in r:
+            ratios = {name: r["rounds"][name] for name in ("kvferry_over_nixl", "kvferry_share_of_memcpy")}
+            print(f"{_size(r['block_bytes']):>7s} per round: " + "; ".join(f"{k} {v}" for k, v in ratios.items()))
 
 
 def print_ttft(rows: list[dict[str, Any]]) -> None:
@@ -554,6 +613,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--block-sizes", default=",".join(str(b) for b in BLOCK_SIZES), help="bytes, comma-separated")
     parser.add_argument("--batch-mib", type=int, default=64)
     parser.add_argument("--runs", type=int, default=20, help="timed batches per block size (at least 5)")
+    parser.add_argument("--rounds", type=int, default=1, help="bandwidth rounds (memcpy, then each system; pooled, with per-round ratios)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--ttft-tokens", default=",".join(str(t) for t in TTFT_TOKENS))
     parser.add_argument("--ttft-repeats", type=int, default=3, help="TTFT runs per prompt length up to 2048 tokens")
