@@ -40,7 +40,9 @@ class BlockManager:
         if needed > self.allocator.num_free_blocks:
             return False
         if needed > 0:
-            seq.block_ids.extend(self.allocator.allocate(needed))
+            # Ascending: the allocator's queue holds freed blocks last-first, so a prompt's blocks would
+            # otherwise come out descending, and no two of them would move in one transfer message.
+            seq.block_ids.extend(sorted(self.allocator.allocate(needed)))
         return True
 
     def cache_computed_blocks(self, seq: Sequence) -> None:
