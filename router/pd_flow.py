@@ -21,7 +21,7 @@ import orjson
 from kvferry.router.cluster import ClusterState
 from kvferry.router.errors import APIError, overloaded
 from kvferry.router.metrics import RouterMetrics
-from kvferry.router.node_streams import NodeStreams, StreamErrors, ndjson_lines
+from kvferry.router.node_streams import NodeStreams, StreamErrors, ndjson_batches
 from kvferry.router.scheduling import Decision
 
 from kvferry.internal_api import API_PREFIX, SamplingSpec
@@ -61,8 +61,9 @@ class PDFlow:
         self._aborts: set[asyncio.Task] = set()
 
     async def stream(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec,
-                     decision: Decision) -> AsyncIterator[dict[str, Any]]:
-        """The decode node's chunks (internal_api.StreamChunk as dicts), in order."""
+                     decision: Decision) -> AsyncIterator[list[dict[str, Any]]]:
+        """The decode node's chunks (internal_api.StreamChunk as dicts), in order, in batches of those that
+        arrived together."""
         decode = decision.decode
         sampling = spec.model_dump()
         with self.cluster.track(decode.url):
@@ -87,13 +88,13 @@ class PDFlow:
                         await response.read()
                         running_id = local_id(request_id)
                         async with self._generate(decode.url, running_id, prompt_ids, sampling) as retry:
-                            async for chunk in self._chunks(retry, decode.url):
-                                finished = chunk.get("finish_reason") is not None
-                                yield chunk
+                            async for batch in self._batches(retry, decode.url):
+                                finished = batch[-1].get("finish_reason") is not None
+                                yield batch
                         return
-                    async for chunk in self._chunks(response, decode.url):
-                        finished = chunk.get("finish_reason") is not None
-                        yield chunk
+                    async for batch in self._batches(response, decode.url):
+                        finished = batch[-1].get("finish_reason") is not None
+                        yield batch
             except StreamErrors as exc:
                 self.cluster.health.record_failure(decode.url)
                 raise APIError(502, f"decode node {decode.name} failed: {exc!r}") from None
@@ -105,16 +106,15 @@ class PDFlow:
         body = {"request_id": request_id, "prompt_token_ids": prompt_ids, "sampling": sampling}
         return self.streams.post(f"{url}{API_PREFIX}/generate", body)
 
-    async def _chunks(self, response: aiohttp.ClientResponse, url: str) -> AsyncIterator[dict[str, Any]]:
+    async def _batches(self, response: aiohttp.ClientResponse, url: str) -> AsyncIterator[list[dict[str, Any]]]:
         if response.status != 200:
             raise _passed_through(response.status, await response.read(), f"decode node {url}")
-        async with contextlib.aclosing(ndjson_lines(response.content.iter_any())) as lines:
-            async for line in lines:
-                chunk = orjson.loads(line)
-                if chunk.get("finish_reason") == "error":
+        async with contextlib.aclosing(ndjson_batches(response.content)) as batches:
+            async for batch in batches:
+                if batch[-1].get("finish_reason") == "error":  # an error line ends a stream: it is the last
                     # The node's engine failed (its own in-band report): an internal error, not a bad gateway.
-                    raise APIError(500, f"decode node {url} failed mid-stream: {chunk.get('error')}")
-                yield chunk
+                    raise APIError(500, f"decode node {url} failed mid-stream: {batch[-1].get('error')}")
+                yield batch
 
     async def _prefill_remotely(self, request_id: str, prompt_ids: list[int], sampling: dict,
                                 decision: Decision) -> dict[str, Any] | None:

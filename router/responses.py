@@ -9,6 +9,7 @@ from typing import Any, Literal
 import orjson
 
 Kind = Literal["chat", "completion"]
+_TEXT_MARK = "\x00text\x00"  # where a template's text goes: no id, model name or number encodes to it
 TokenText = Callable[[int], str]
 
 
@@ -78,6 +79,8 @@ class ResponseShape:
     model: str
     logprobs: int | None  # top alternatives per token; None: no logprobs
     token_text: TokenText
+    # text_event's (head, tail) bytes per (choice, with_usage_field)
+    _templates: dict[tuple[int, bool], tuple[bytes, bytes]] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def object_name(self) -> str:
@@ -122,6 +125,17 @@ class ResponseShape:
             delta = {"content": text} if text or finish_reason is None else {}
             return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+    def text_event(self, index: int, text: str, with_usage_field: bool) -> bytes:
+        """The SSE event of a delta with text and nothing else (no finish reason, no logprobs asked for): what
+        sse(chunk([delta(...)])) writes, byte for byte, from a template made once per choice, so that a token
+        costs one JSON string encoding instead of building and encoding the chunk's dicts."""
+        template = self._templates.get((index, with_usage_field))
+        if template is None:
+            whole = sse(self.chunk([self.delta(index, _TEXT_MARK, [], None, None, 0)], with_usage_field))
+            head, _, tail = whole.partition(orjson.dumps(_TEXT_MARK))
+            template = self._templates[(index, with_usage_field)] = (head, tail)
+        return template[0] + orjson.dumps(text) + template[1]
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         return {**self.chunk([], with_usage_field=False), "usage": usage(prompt_tokens, completion_tokens)}

@@ -26,10 +26,10 @@ from kvferry.router.prompts import PromptEncoder
 from kvferry.router.responses import Choice, ResponseShape, sse
 from kvferry.router.scheduling import NoNodeAvailable, Scheduler, SchedulingRequest
 from kvferry.router.scheduling.routing_history import RoutingHistory, combined
+from kvferry.router.sse_response import SSEResponse
 from kvferry.router.streams import merge_streams
 from starlette.requests import Request
 
-from kvferry.closing_response import ClosingStreamingResponse
 from kvferry.internal_api import SamplingSpec
 
 DEFAULT_BLOCK_SIZE = 16  # the nodes' default; their records say when they use another
@@ -97,7 +97,7 @@ class CompletionService:
                 streaming = True
                 events = self._sse(shape, merged, first, len(subs), sum(prompt_lens), include_usage, context, arrived)
                 await anext(events)  # started: from here on, closing it runs its cleanup
-                return ClosingStreamingResponse(events, media_type="text/event-stream")
+                return SSEResponse(events, media_type="text/event-stream")
             whole = await until_disconnected(request, self._collect(shape, merged, len(subs), sum(prompt_lens), context, arrived))
             status = 200
             return JSONResponse(whole)
@@ -112,17 +112,21 @@ class CompletionService:
                 self.admission.leave()
                 self.metrics.request_done(status)
 
-    async def _collect(self, shape: ResponseShape, merged: AsyncIterator[tuple[int, dict]], num_choices: int,
+    async def _collect(self, shape: ResponseShape, merged: AsyncIterator[tuple[int, list[dict]]], num_choices: int,
                        prompt_tokens: int, context: PluginContext, arrived: float) -> dict:
         choices = [Choice(index) for index in range(num_choices)]
         clock = _TokenClock(self.metrics, arrived)
-        async for index, chunk in merged:
-            clock.tick(index, len(chunk["token_ids"]))
-            choice = choices[index]
-            choice.text += chunk["text"]
-            choice.token_ids += chunk["token_ids"]
-            choice.logprobs += chunk.get("logprobs") or []
-            choice.finish_reason = chunk["finish_reason"] or choice.finish_reason
+        try:
+            async for index, batch in merged:
+                clock.tick(index, batch)
+                choice = choices[index]
+                for chunk in batch:
+                    choice.text += chunk["text"]
+                    choice.token_ids += chunk["token_ids"]
+                    choice.logprobs += chunk.get("logprobs") or []
+                    choice.finish_reason = chunk["finish_reason"] or choice.finish_reason
+        finally:
+            clock.flush()
         for choice in choices:
             choice.text = self.plugins.on_output(context, choice.text)
         clock.done()
@@ -164,7 +168,7 @@ class CompletionService:
                               self.model, logprobs, self.encoder.token_text)
         return shape, [len(ids) for ids in prompt_ids], subs, context
 
-    async def _open_streams(self, subs: list[SubRequest]) -> list[AsyncIterator[dict]]:
+    async def _open_streams(self, subs: list[SubRequest]) -> list[AsyncIterator[list[dict]]]:
         """Schedule each choice (one prefix-index lookup per prompt) and open its node stream (the nodes
         are called when it is first read)."""
         nodes = self.cluster.views()
@@ -193,62 +197,74 @@ class CompletionService:
         return streams
 
     @staticmethod
-    async def _first(merged: AsyncIterator[tuple[int, dict]]) -> tuple[int, dict] | None:
-        """The first chunk, read before the response starts, so that refusals still get their status."""
+    async def _first(merged: AsyncIterator[tuple[int, list[dict]]]) -> tuple[int, list[dict]] | None:
+        """The first batch, read before the response starts, so that refusals still get their status."""
         try:
             return await anext(merged)
         except StopAsyncIteration:
             return None
 
-    async def _sse(self, shape: ResponseShape, merged: AsyncIterator[tuple[int, dict]], first: tuple[int, dict] | None,
-                   num_choices: int, prompt_tokens: int, include_usage: bool, context: PluginContext,
-                   arrived: float) -> AsyncIterator[bytes]:
-        status, completion_tokens = 200, 0
-        offsets = [0] * num_choices
+    async def _sse(self, shape: ResponseShape, merged: AsyncIterator[tuple[int, list[dict]]],
+                   first: tuple[int, list[dict]] | None, num_choices: int, prompt_tokens: int, include_usage: bool,
+                   context: PluginContext, arrived: float) -> AsyncIterator[bytes]:
+        status = 200
+        events = _EventWriter(shape, self.plugins, context, num_choices, include_usage)
         clock = _TokenClock(self.metrics, arrived)
         try:
-            # Primed by serve(): a generator closed before it started would skip this `finally` (the
-            # admission slot and the node streams would stay held when a client leaves before any byte).
-            yield b""
-            if shape.kind == "chat":
-                for index in range(num_choices):
-                    yield sse(shape.chunk([shape.role_delta(index)], include_usage))
-            pending = [first] if first is not None else []
-            async with contextlib.aclosing(_chain(pending, merged)) as chunks:
-                async for index, chunk in chunks:
-                    clock.tick(index, len(chunk["token_ids"]))
-                    completion_tokens += len(chunk["token_ids"])
-                    text = self.plugins.on_output(context, chunk["text"])
-                    finish = chunk["finish_reason"]
-                    if shape.kind == "chat" and finish is not None and text:  # OpenAI ends a choice with an empty delta
-                        yield sse(shape.chunk([shape.delta(index, text, chunk["token_ids"], chunk.get("logprobs"), None,
-                                                           offsets[index])], include_usage))
-                        yield sse(shape.chunk([shape.delta(index, "", [], None if shape.logprobs is None else [], finish,
-                                                           0)], include_usage))
-                    else:
-                        yield sse(shape.chunk([shape.delta(index, text, chunk["token_ids"], chunk.get("logprobs"), finish,
-                                                           offsets[index])], include_usage))
-                    offsets[index] += len(text)
+            async with contextlib.aclosing(merged):  # type: ignore[type-var]
+                # Primed by serve(): a generator closed before it started would skip this cleanup (the admission
+                # slot and the node streams would stay held when a client leaves before any byte).
+                yield b""
+                if shape.kind == "chat":
+                    yield b"".join(sse(shape.chunk([shape.role_delta(index)], include_usage)) for index in range(num_choices))
+                if first is not None:
+                    clock.tick(*first)
+                    yield events.batch(*first)
+                # One write per batch: the chunks of a stream that arrived together leave together.
+                async for index, batch in merged:
+                    clock.tick(index, batch)
+                    yield events.batch(index, batch)
             if include_usage:
-                yield sse(shape.usage_chunk(prompt_tokens, completion_tokens))
+                yield sse(shape.usage_chunk(prompt_tokens, events.completion_tokens))
             clock.done()
         except APIError as exc:  # the stream is open: report in-band, as OpenAI does
             status = exc.status
             yield sse(exc.body())
         finally:
+            clock.flush()
             self.admission.leave()
             self.metrics.request_done(status if status != 200 or clock.finished else CLIENT_LEFT)
         yield sse("[DONE]")
 
 
-async def _chain(first: list[tuple[int, dict]], rest: AsyncIterator[tuple[int, dict]]) -> AsyncIterator[tuple[int, dict]]:
-    try:
-        for item in first:
-            yield item
-        async for item in rest:
-            yield item
-    finally:
-        await rest.aclose()  # type: ignore[attr-defined]
+class _EventWriter:
+    """The SSE events of one streamed response's batches of node chunks."""
+
+    def __init__(self, shape: ResponseShape, plugins: PluginChain, context: PluginContext, num_choices: int,
+                 include_usage: bool) -> None:
+        self.shape, self.plugins, self.context, self.include_usage = shape, plugins, context, include_usage
+        self.offsets = [0] * num_choices  # text sent per choice (completion logprobs' text_offset)
+        self.completion_tokens = 0
+
+    def batch(self, index: int, chunks: list[dict]) -> bytes:
+        shape, with_usage = self.shape, self.include_usage
+        events = []
+        for chunk in chunks:
+            self.completion_tokens += len(chunk["token_ids"])
+            text = self.plugins.on_output(self.context, chunk["text"])
+            finish = chunk["finish_reason"]
+            if finish is None and shape.logprobs is None:  # nearly every token: from a template
+                events.append(shape.text_event(index, text, with_usage))
+            elif shape.kind == "chat" and finish is not None and text:  # OpenAI ends a choice with an empty delta
+                events.append(sse(shape.chunk([shape.delta(index, text, chunk["token_ids"], chunk.get("logprobs"), None,
+                                                            self.offsets[index])], with_usage)))
+                events.append(sse(shape.chunk([shape.delta(index, "", [], None if shape.logprobs is None else [], finish,
+                                                            0)], with_usage)))
+            else:
+                events.append(sse(shape.chunk([shape.delta(index, text, chunk["token_ids"], chunk.get("logprobs"), finish,
+                                                            self.offsets[index])], with_usage)))
+            self.offsets[index] += len(text)
+        return b"".join(events)
 
 
 def _is_token_list(prompt: object) -> bool:
@@ -256,25 +272,36 @@ def _is_token_list(prompt: object) -> bool:
 
 
 class _TokenClock:
-    """TTFT, inter-token and end-to-end latency of one request, into the histograms."""
+    """TTFT, inter-token and end-to-end latency of one request, into the histograms. The gaps go in at the
+    end, in one call (a histogram observation per token cost the router measurable CPU per token)."""
 
     def __init__(self, metrics: RouterMetrics, arrived: float) -> None:
         self.metrics, self.arrived = metrics, arrived
         self.last: dict[int, float] = {}
+        self.gaps: list[float] = []
         self.finished = False
 
-    def tick(self, choice: int, tokens: int) -> None:
+    def tick(self, choice: int, chunks: list[dict]) -> None:
+        """A batch of a choice's chunks arrived: its tokens share the time since that choice's previous ones."""
+        tokens = len(chunks[0]["token_ids"]) if len(chunks) == 1 else sum(len(chunk["token_ids"]) for chunk in chunks)
         if not tokens:
             return
         now = time.perf_counter()
-        if not self.last:
+        last = self.last.get(choice)
+        if last is not None:
+            gap = (now - last) / tokens
+            if tokens == 1:  # nearly always: one token per decode step
+                self.gaps.append(gap)
+            else:
+                self.gaps += [gap] * tokens
+        elif not self.last:
             self.metrics.ttft.observe(now - self.arrived)
-        elif choice in self.last:
-            gap = (now - self.last[choice]) / tokens
-            for _ in range(tokens):
-                self.metrics.itl.observe(gap)
         self.last[choice] = now
 
     def done(self) -> None:
         self.finished = True
         self.metrics.e2e.observe(time.perf_counter() - self.arrived)
+
+    def flush(self) -> None:
+        self.metrics.itl.observe_many(self.gaps)
+        self.gaps = []
