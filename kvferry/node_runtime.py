@@ -49,6 +49,7 @@ class NodeRuntime:
         # Before UCX reads its settings; an explicit UCX_* variable wins.
         for name, value in transfer_environment(config.host).items():
             os.environ.setdefault(name, value)
+        # The engine first: it makes the node's GPU (--device cuda:N) current, so UCX starts in that GPU's context.
         engine = LLMEngine(config.model, engine_args_from(config))
         transfer = TransferEngine(TransferConfig(timeout_seconds=config.transfer_timeout_seconds))
         model = engine.served_model_name
