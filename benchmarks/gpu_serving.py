@@ -77,11 +77,23 @@ def run_kvferry_case(engine: LLMEngine, prompt_ids: list[list[int]], output_len:
             "ttft_ms": 1e3 * statistics.median(ttft), "tpot_ms": 1e3 * statistics.median(tpot)}  # fmt: skip
 
 
-def graph_replay_ms(engine: LLMEngine, size: int) -> float | None:
-    """GPU time of one decode step's graph over whatever the last step left in its buffers."""
+def graph_replay_ms(engine: LLMEngine, size: int, context: int = 1152) -> float | None:
+    """GPU time of one decode step's graph at `size` rows of `context` tokens, on inputs written here (the
+    last step's may be laid out for another size: the graphs share one input buffer). Its rows read
+    blocks 1, 2, ... (whatever they hold) and write their new token's KV into the null block."""
+    from kvferry.engine.cuda_graphs import CONTEXT_LEN, POSITION, SLOT, TOKEN
+    from kvferry.kvcache.allocator import NULL_BLOCK_ID
+
     graphs = engine.runner.graphs
     if graphs is None or size not in graphs.graphs:
         return None
+    inputs = graphs.inputs(size)
+    inputs[TOKEN] = 0
+    inputs[POSITION] = context - 1
+    inputs[SLOT] = NULL_BLOCK_ID * engine.pool.layout.block_size
+    inputs[CONTEXT_LEN] = context
+    blocks = engine.block_manager.blocks_for(context)
+    graphs.block_tables[:size, :blocks] = torch.arange(1, blocks + 1, device=graphs.block_tables.device)
     graph = graphs.graphs[size]
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     graph.replay()
