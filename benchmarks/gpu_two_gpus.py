@@ -16,7 +16,7 @@ Sections (--sections picks some; each is merged into DIR/gpu_two_gpus.json as it
   nodes (one per device), behind the router, at a TTFT/TPOT SLO on a prefill-heavy workload with Poisson
   arrivals at a few rates (benchmarks/disagg_vs_colocated.py's measurements): goodput side by side, TTFT and
   TPOT p50/p90/p99. The SLO and the rates come from each setup's unloaded TTFT and TPOT, as there.
-NCCL's NVLink multicast (NVLS) stays off: nothing here may use it.
+NVLink multicast stays off (NCCL_NVLS_ENABLE=0 and its PyTorch and NVSHMEM twins): nothing here may use it.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from pathlib import Path
 
 import torch
 
-# NCCL reads it when a communicator starts (nothing here starts one); children, node processes included, inherit it.
-os.environ["NCCL_NVLS_ENABLE"] = "0"
+# No NVLink multicast anywhere (on a shared host it can take the GPUs out of service): NCCL, PyTorch's symmetric
+# memory and NVSHMEM read these when they start (nothing here starts them); every child process inherits them.
+os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
