@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import httpx
 import pytest
 
-from kvferry.loadgen.client import Endpoint, _read_node, _read_openai, request_body
+from kvferry.loadgen.client import Endpoint, _chunks, _read_node, _read_openai, request_body
 from kvferry.loadgen.datasets import BenchRequest
 
 REQUEST = BenchRequest(prompt=" sys tem ask", input_tokens=4, output_tokens=5, system_prompt=" sys tem")
@@ -41,3 +44,31 @@ def test_node_chunks_count_their_token_ids():
     reading = _read_node({"token_ids": [4, 5], "text": "ab", "finish_reason": None})
     assert reading.has_token and reading.tokens == 2
     assert _read_node({"token_ids": [], "text": "", "finish_reason": "error", "error": "dead"}).error == "dead"
+
+
+class _Pieces(httpx.AsyncByteStream):
+    def __init__(self, pieces: list[bytes]) -> None:
+        self.pieces = pieces
+
+    async def __aiter__(self):  # type: ignore[override]
+        for piece in self.pieces:
+            yield piece
+
+
+def _read(pieces: list[bytes], kind: str) -> list:
+    async def read() -> list:
+        return [reading async for reading in _chunks(httpx.Response(200, stream=_Pieces(pieces)), kind)]
+
+    return asyncio.run(read())
+
+
+def test_streams_are_read_line_by_line_however_the_bytes_fall():
+    events = [b'data: {"choices":[{"index":0,"text":"a","finish_reason":null}]}\r\n\r\n',
+              b'data: {"choices":[{"index":0,"text":"","finish_reason":"length"}]}\n\n',
+              b'data: {"choices":[],"usage":{"completion_tokens":2}}\n\ndata: [DONE]\n\n', b'data: {"error": 1}\n\n']
+    whole = b"".join(events)
+    pieces = [whole[i : i + 7] for i in range(0, len(whole), 7)]
+    readings = _read(pieces, "completion")
+    assert [(r.has_token, r.finish_reason, r.usage_tokens) for r in readings] == [(True, None, None), (False, "length", None), (False, None, 2)]
+    node = _read([b'{"token_ids":[1,2],"text":"ab","finish_reason":null}\n{"token_ids":[3],', b'"text":"c","finish_reason":"length"}'], "node")
+    assert [(r.tokens, r.finish_reason) for r in node] == [(2, None), (1, "length")]
