@@ -145,13 +145,19 @@ class TransferEngine:
             except Exception:  # noqa: BLE001 - Redis down: peers keep their cached endpoints meanwhile
                 log.warning("could not refresh the registry record of %s", self.local_name)
 
-    def register_memory(self, address: int, length: int, cuda: bool = False) -> int:
-        """Host memory is also mapped for RMA, so that peers can put into it (device memory moves by
-        tagged messages through CUDA IPC)."""
+    def register_memory(self, address: int, length: int, cuda_device: int | None = None) -> int:
+        """Host memory (`cuda_device` None) is also mapped for RMA, so that peers can put into it; device
+        memory moves by tagged messages through CUDA IPC, and its GPU first becomes current on the loop
+        thread, which drives every UCX operation: UCX's CUDA transports work in the CUDA context current on
+        the calling thread, and a fresh thread's is GPU 0's, wherever the memory lives."""
 
         def register() -> None:
-            mapped = () if cuda else ucp_direct.map_memory(self.worker.context_handle, address, length)
-            self.memory.register(address, length, cuda, *mapped)
+            if cuda_device is not None:
+                import torch
+
+                torch.cuda.set_device(cuda_device)
+            mapped = () if cuda_device is not None else ucp_direct.map_memory(self.worker.context_handle, address, length)
+            self.memory.register(address, length, cuda_device is not None, *mapped)
 
         self._call(register)
         return 0

@@ -18,7 +18,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from kvferry.engine.devices import make_current
 from kvferry.kvcache.kv_pool import KVPool
 from kvferry.transfer.engine import TransferEngine
 from kvferry.transfer.errors import LayoutMismatchError
@@ -32,12 +31,8 @@ def pool_description(model: str, pool: KVPool) -> dict[str, object]:
 
 
 def register_pool(engine: TransferEngine, pool: KVPool) -> None:
-    """Register the pool's memory. A pool on a GPU first becomes the current device of the engine's loop
-    thread, which drives every UCX operation: UCX's CUDA transports work in the CUDA context current on the
-    calling thread, and a fresh thread's is GPU 0's, wherever the pool lives."""
-    if pool.tensor.is_cuda:
-        engine._call(lambda: make_current(pool.tensor.device))
-    engine.register_memory(pool.tensor.data_ptr(), pool.tensor.numel() * pool.tensor.element_size(), pool.tensor.is_cuda)
+    tensor = pool.tensor
+    engine.register_memory(tensor.data_ptr(), tensor.numel() * tensor.element_size(), tensor.device.index if tensor.is_cuda else None)
 
 
 def check_compatible(local: dict[str, object], remote: dict[str, object], peer: str) -> None:
