@@ -48,7 +48,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--input-len", type=int, default=512)
     parser.add_argument("--output-len", type=int, default=16)
     parser.add_argument("--num-prompts", type=int, default=24, help="requests per run (16 left one request 6%% of the goodput)")
-    parser.add_argument("--load-factors", default="0.4,0.7", help="offered rates, as fractions of 1 / unloaded TTFT")
+    parser.add_argument("--load-factors", default="0.4,0.7,0.9", help="offered rates, as fractions of 1 / unloaded TTFT")
     parser.add_argument("--tpot-slo-factor", type=float, default=1.5, help="TPOT SLO = this x the unloaded TPOT")
     parser.add_argument("--ttft-slo-factor", type=float, default=5.0, help="TTFT SLO = this x the unloaded TTFT")
     parser.add_argument("--time-limit", type=float, default=600.0, help="seconds per run")
