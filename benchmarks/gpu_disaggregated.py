@@ -23,35 +23,38 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+if TYPE_CHECKING:
+    from kvferry.engine.engine_args import EngineArgs
+
 MODEL_NAME = "llama-8b-shape"
 PROMPT_LENGTHS = (1024, 8192)
 MAX_MODEL_LEN = 8192 + 256
+DECODE_PEER = "decode-gpu"  # the decode process's name in the registry
 
 
-def _engine(model_dir: str, fraction: float):
-    from kvferry.engine import LLMEngine
+def engine_args(fraction: float) -> EngineArgs:
     from kvferry.engine.engine_args import EngineArgs
 
-    args = EngineArgs(dtype="bfloat16", max_model_len=MAX_MODEL_LEN, max_num_seqs=8, max_num_batched_tokens=8192,
+    return EngineArgs(dtype="bfloat16", max_model_len=MAX_MODEL_LEN, max_num_seqs=8, max_num_batched_tokens=8192,
                       gpu_memory_fraction=fraction, enable_prefix_caching=False)  # fmt: skip
-    return LLMEngine(model_dir, args)
 
 
-def decode_process(conn, model_dir: str, registry: str, fraction: float) -> None:
+def decode_process(conn, model_dir: str, registry: str, args: EngineArgs) -> None:
     """The decode side: reserve blocks, wait for the KV, activate, decode to the end; times on the shared
     monotonic clock."""
-    from kvferry.engine import SamplingParams
+    from kvferry.engine import LLMEngine, SamplingParams
     from kvferry.transfer import TransferEngine
     from kvferry.transfer.kv_connector import KVReceiver, pool_description
 
-    engine = _engine(model_dir, fraction)
+    engine = LLMEngine(model_dir, args)  # makes its device current before UCX starts below
     transfer = TransferEngine()
-    transfer.initialize("decode-gpu", registry, "ucx", pool=pool_description(MODEL_NAME, engine.pool))
+    transfer.initialize(DECODE_PEER, registry, "ucx", pool=pool_description(MODEL_NAME, engine.pool))
     receiver = KVReceiver(transfer, engine.pool, MODEL_NAME, lease_seconds=60)
     handles = {}
     conn.send({"ready": True, "pool_blocks": engine.pool.num_blocks})
@@ -167,20 +170,21 @@ def main() -> None:
     parser.add_argument("--lengths", default=",".join(map(str, PROMPT_LENGTHS)), help="prompt lengths, comma-separated")
     args = parser.parse_args()
     from common import environment
+    from kvferry.engine import LLMEngine
     from kvferry.transfer import TransferEngine
     from kvferry.transfer.kv_connector import KVSender, pool_description
 
     registry = f"file://{tempfile.mkdtemp(prefix='kvferry-registry-')}"
-    prefill = _engine(args.model, 0.42)  # first on the card: the decode process's share counts this one's
+    prefill = LLMEngine(args.model, engine_args(0.42))  # first on the card: the decode process's share counts this one's
     transfer = TransferEngine()
     transfer.initialize("prefill-gpu", registry, "ucx", pool=pool_description(MODEL_NAME, prefill.pool))
     sender = KVSender(transfer, prefill.pool, MODEL_NAME)
     context = multiprocessing.get_context("spawn")
     conn, child_conn = context.Pipe()
-    child = context.Process(target=decode_process, args=(child_conn, args.model, registry, 0.88), daemon=True)
+    child = context.Process(target=decode_process, args=(child_conn, args.model, registry, engine_args(0.88)), daemon=True)
     child.start()
     ready = conn.recv()
-    sender.handshake("decode-gpu")
+    sender.handshake(DECODE_PEER)
     result: dict[str, object] = {"environment": environment(), "prefill_pool_blocks": prefill.pool.num_blocks,
                                  "decode_pool_blocks": ready["pool_blocks"], "requests_per_length": args.requests,
                                  "output_len": args.output_len, "lengths": {}}  # fmt: skip

@@ -45,7 +45,14 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 from common import cached_model, environment, print_table  # noqa: E402
 from disagg_vs_colocated import FALLBACKS, row, unloaded  # noqa: E402
-from gpu_disaggregated import MODEL_NAME, colocated_request, disaggregated_request, summarize  # noqa: E402
+from gpu_disaggregated import (  # noqa: E402
+    DECODE_PEER,
+    MODEL_NAME,
+    colocated_request,
+    decode_process,
+    disaggregated_request,
+    summarize,
+)
 from kvferry.engine.devices import make_current, resolve_device  # noqa: E402
 from kvferry.engine.engine_args import EngineArgs  # noqa: E402
 from kvferry.engine.tokenizer import ModelTokenizer  # noqa: E402
@@ -216,39 +223,6 @@ def engine_args(args: argparse.Namespace, device: str) -> EngineArgs:
                       enable_prefix_caching=False)  # fmt: skip
 
 
-def decode_process(conn, model_dir: str, registry: str, args: EngineArgs) -> None:
-    """gpu_disaggregated.decode_process with the engine's device and settings given (that one has neither):
-    reserve blocks, wait for the KV, activate, decode to the end; times on the shared monotonic clock."""
-    from kvferry.engine import LLMEngine, SamplingParams
-    from kvferry.transfer import TransferEngine
-    from kvferry.transfer.kv_connector import KVReceiver, pool_description
-
-    engine = LLMEngine(model_dir, args)  # makes its device current before UCX starts below
-    transfer = TransferEngine()
-    transfer.initialize("decode-ttft", registry, "ucx", pool=pool_description(MODEL_NAME, engine.pool))
-    receiver = KVReceiver(transfer, engine.pool, MODEL_NAME, lease_seconds=60)
-    handles = {}
-    conn.send({"ready": True, "pool_blocks": engine.pool.num_blocks})
-    while (message := conn.recv())["cmd"] != "quit":
-        request_id = message["request_id"]
-        if message["cmd"] == "reserve":
-            params = SamplingParams(temperature=0, max_tokens=message["max_tokens"], ignore_eos=True)
-            reservation = engine.reserve(request_id, {"prompt_token_ids": message["prompt"]}, params)
-            handles[request_id] = receiver.expect(request_id, reservation.block_ids, reservation.first_block)
-            conn.send({"handle": handles[request_id].to_json()})
-            continue
-        handle = handles.pop(request_id)
-        arrived = receiver.wait(handle)
-        receiver.release(handle)
-        engine.activate(request_id, message["first_token"])
-        first_token_at, tokens = time.monotonic(), 1
-        while engine.has_unfinished_requests():
-            for output in engine.step():
-                tokens = len(output.outputs[0].token_ids)
-        conn.send({"arrived": arrived, "first_token_at": first_token_at, "done_at": time.monotonic(), "tokens": tokens})
-    transfer.close()
-
-
 def ttft(args: argparse.Namespace, model: Path) -> dict[str, object]:
     from kvferry.engine import LLMEngine
     from kvferry.transfer import TransferEngine
@@ -267,7 +241,7 @@ def ttft(args: argparse.Namespace, model: Path) -> dict[str, object]:
     result: dict[str, object] = {"decode_pool_blocks": conn.recv()["pool_blocks"], "output_len": args.ttft_output_len,
                                  "requests_per_length": args.requests, "lengths": {}}  # fmt: skip
     try:
-        sender.handshake("decode-ttft")
+        sender.handshake(DECODE_PEER)
         rng = random.Random(args.seed)
         vocab = prefill.model_config.vocab_size
         for length in [int(n) for n in args.lengths.split(",")]:
