@@ -7,13 +7,19 @@ The engine thread holds the lock for a whole step (a long prefill takes seconds 
 event loop makes waits for the lock in a worker thread (`add_request`, `activate`, `call`, closing a
 stream), so one new request cannot freeze a node's loop for a step: before, a prefill node
 answered neither its streams nor its health probes while a prefill ran, and a router ejected it.
+
+Calls go before the next step: the engine thread, which still holds the GIL when a step ends, would
+otherwise win the lock back at once, and a waiting call lost that race for up to 91 steps in a row (a
+node's /metrics read timed out behind seconds of prefills; load reports and prefix-index events went
+stale).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -35,6 +41,9 @@ class AsyncLLMEngine:
         self.engine = engine
         self._on_abort = on_abort
         self._lock = threading.Condition()
+        # Calls waiting for the lock; the engine thread lets them all in before it steps again.
+        self._waiting_calls = 0
+        self._count_lock = threading.Lock()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput | BaseException]]] = {}
         self._stopping = False
         self.error: BaseException | None = None
@@ -48,7 +57,7 @@ class AsyncLLMEngine:
     def _loop(self) -> None:
         while True:
             with self._lock:
-                while not self._stopping and not self.engine.has_unfinished_requests():
+                while not self._stopping and (self._waiting_calls or not self.engine.has_unfinished_requests()):
                     self._lock.wait()
                 if self._stopping:
                     return
@@ -60,6 +69,19 @@ class AsyncLLMEngine:
                     return
                 for output in outputs:
                     self._deliver(output.request_id, output)
+
+    @contextmanager
+    def _between_steps(self) -> Iterator[None]:
+        """Hold the engine lock for a call, ahead of the engine's next step."""
+        with self._count_lock:
+            self._waiting_calls += 1
+        with self._lock:
+            try:
+                yield
+            finally:
+                with self._count_lock:
+                    self._waiting_calls -= 1
+                self._lock.notify()  # the engine thread, the only one that waits on the condition
 
     def _deliver(self, request_id: str, item: RequestOutput | BaseException) -> None:
         target = self._queues.get(request_id)
@@ -86,7 +108,7 @@ class AsyncLLMEngine:
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
 
         def locked() -> None:
-            with self._lock:
+            with self._between_steps():
                 if self.error is not None:
                     raise EngineDeadError(f"engine is dead: {self.error!r}")
                 first = begin()
@@ -94,14 +116,13 @@ class AsyncLLMEngine:
                     loop.call_soon_threadsafe(queue.put_nowait, first)
                 if first is None or not first.finished:
                     self._queues[request_id] = (loop, queue)
-                self._lock.notify()
 
         await asyncio.to_thread(locked)
         return self._stream(request_id, queue)
 
     def run_locked(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run a short synchronous engine call (reserve, release_kv, stats) between two steps."""
-        with self._lock:
+        with self._between_steps():
             return fn(self.engine)
 
     async def call(self, fn: Callable[[LLMEngine], T]) -> T:
@@ -127,7 +148,7 @@ class AsyncLLMEngine:
     def abort(self, request_id: str) -> bool:
         """Stop a request; a stream still waiting on it gets its last output (finish_reason "abort").
         False when there was nothing to stop."""
-        with self._lock:
+        with self._between_steps():
             output = self.engine.abort_request(request_id)
             if output is None:
                 return False
@@ -137,7 +158,6 @@ class AsyncLLMEngine:
         return True
 
     def shutdown(self) -> None:
-        with self._lock:
+        with self._between_steps():
             self._stopping = True
-            self._lock.notify()
         self._thread.join(timeout=10)

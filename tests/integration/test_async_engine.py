@@ -107,3 +107,34 @@ def test_a_long_step_does_not_freeze_the_event_loop(async_engine):
     assert ticks >= STEP_SECONDS / 0.01 / 4, ticks
     assert called is async_engine.engine
     assert [len(o[-1].outputs[0].token_ids) for o in outputs] == [2, 2]
+
+
+def test_engine_calls_get_the_lock_between_two_steps(async_engine):
+    """The engine thread takes the lock again right after each step; without a hand-off, a waiting call (a
+    node's /metrics, its load report, a reservation) lost that race for many steps in a row."""
+    params = SamplingParams(temperature=0, max_tokens=120, ignore_eos=True)
+    step = async_engine.engine.step
+    steps = 0
+
+    def counted_step():
+        nonlocal steps
+        steps += 1
+        time.sleep(0.02)  # a step that holds the lock long enough for a call to queue behind it
+        return step()
+
+    async_engine.engine.step = counted_step
+
+    async def main():
+        stream = await async_engine.add_request("busy", {"prompt_token_ids": list(range(20))}, params)
+        waited = []
+        for _ in range(10):
+            before = steps
+            await async_engine.call(lambda engine: engine.allocator.stats())
+            waited.append(steps - before)
+        assert await asyncio.to_thread(async_engine.abort, "busy")
+        return waited, [output async for output in stream]
+
+    waited, outputs = asyncio.run(main())
+    assert outputs[-1].outputs[0].finish_reason == "abort"
+    # The call waits out the step in progress and at most the one that began while it was queued.
+    assert max(waited) <= 2, waited
