@@ -162,6 +162,26 @@ class TransferEngine:
         self._call(register)
         return 0
 
+    def allocate_managed_buffer(self, length: int) -> int:
+        """Host memory allocated and registered by UCX (Mooncake's call of the same name): the address
+        of at least `length` bytes. A writer on the same host puts into it by copying into the shared
+        segment it attached (System V or POSIX shared memory), with no system call per 512 KiB as into
+        memory from register_memory (CMA); across hosts it is RDMA memory like any other. Free it with
+        free_managed_buffer; it is gone when the process ends either way."""
+        allocated: list[int] = []
+
+        def allocate() -> None:
+            memh, address, size, rkey = ucp_direct.allocate_memory(self.worker.context_handle, length)
+            self.memory.register(address, size, False, memh, rkey)
+            allocated.append(address)
+
+        self._call(allocate)
+        return allocated[0]
+
+    def free_managed_buffer(self, address: int, length: int = 0) -> int:
+        """Unmaps and frees memory from allocate_managed_buffer (`length` is Mooncake's, not needed)."""
+        return self.unregister_memory(address)
+
     def unregister_memory(self, address: int) -> int:
         def unregister() -> None:
             region = self.memory.unregister(address)

@@ -90,6 +90,7 @@ def main() -> None:
     system: System = SYSTEMS[args.system]()
     try:
         info = system.setup(args.name, args.role, buffer, {"registry": args.registry})
+        buffer = getattr(system, "buffer", buffer)  # a system may hold the data in memory of its own
         replies.write(json.dumps({"ok": True, "info": info}) + "\n")
     except Exception as exc:  # noqa: BLE001 - the benchmark records why this system has no numbers
         traceback.print_exc()

@@ -7,7 +7,9 @@ deferred to its own class, so a missing NIXL or Mooncake wheel costs only that s
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -17,6 +19,9 @@ from workload import Batch, address
 
 # A batch that has not finished by then is an error, not a number (the machine may be loaded).
 DEADLINE_SECONDS = 60.0
+# kvferry's target buffer: "managed" (allocate_managed_buffer, as the decode node's CPU pool) or
+# "registered" (the benchmark's own memory, register_memory); an A/B sets it per variant.
+TARGET_MEMORY_ENV = "KVFERRY_BENCH_TARGET_MEMORY"
 
 
 class System(Protocol):
@@ -62,8 +67,15 @@ class Kvferry:
         # A generous deadline: on a loaded 2-core machine a slow batch should show up as a slow number.
         self.engine = TransferEngine(TransferConfig(timeout_seconds=DEADLINE_SECONDS))
         self.engine.initialize(name, registry, "ucx")
-        self.engine.register_memory(address(buffer), buffer.nbytes)
-        self.base = address(buffer)
+        if role == "target" and os.environ.get(TARGET_MEMORY_ENV, "managed") == "managed":
+            # As the decode node's CPU pool: memory the engine allocated (shared memory on one host).
+            managed = self.engine.allocate_managed_buffer(buffer.nbytes)
+            self.buffer = np.ctypeslib.as_array((ctypes.c_ubyte * buffer.nbytes).from_address(managed))
+            self.buffer[:] = buffer
+        else:
+            self.engine.register_memory(address(buffer), buffer.nbytes)
+            self.buffer = buffer
+        self.base = address(self.buffer)
         return {"name": name, "base": self.base}
 
     def connect(self, remote: dict[str, Any]) -> None:
