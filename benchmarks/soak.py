@@ -35,14 +35,16 @@ from contextlib import asynccontextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import aiohttp
 import httpx
+import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import cached_model, environment, write_results  # noqa: E402
 from serving_cluster import NodeSpec, RouterSpec, ServingCluster, wait_until_ready  # noqa: E402
 from soak_sampling import METRICS, TASKS_GAUGE, ProcessReading, gauge_value, growth, proc_usage, quietest  # noqa: E402
 
-from kvferry.loadgen.client import Endpoint, request_body, send_request  # noqa: E402
+from kvferry.loadgen.client import Endpoint, client_session, request_body, send_request  # noqa: E402
 from kvferry.loadgen.datasets import BenchRequest, RandomSpec, TokenWords, random_requests  # noqa: E402
 
 PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "soak.png"
@@ -111,41 +113,42 @@ class Gate:
             self._open.set()
 
 
-async def send_plain(client: httpx.AsyncClient, endpoint: Endpoint, request: BenchRequest) -> str | None:
+async def send_plain(client: aiohttp.ClientSession, endpoint: Endpoint, request: BenchRequest) -> str | None:
     """A non-streaming request; its error, or None when it got every token."""
     body = {**request_body(endpoint, request), "stream": False}
     body.pop("stream_options")
     try:
-        response = await client.post(endpoint.url, json=body)
-    except httpx.HTTPError as exc:
+        async with client.post(endpoint.url, json=body) as response:
+            text = await response.text()
+    except (TimeoutError, aiohttp.ClientError) as exc:
         return f"plain {type(exc).__name__}: {exc}"[:200]
-    if response.status_code != 200:
-        return f"plain HTTP {response.status_code}: {response.text[:200]}"
-    tokens = response.json()["usage"]["completion_tokens"]
+    if response.status != 200:
+        return f"plain HTTP {response.status}: {text[:200]}"
+    tokens = orjson.loads(text)["usage"]["completion_tokens"]
     return None if tokens == request.output_tokens else f"plain: {tokens} of {request.output_tokens} tokens"
 
 
-async def send_and_leave(client: httpx.AsyncClient, endpoint: Endpoint, request: BenchRequest) -> str | None:
+async def send_and_leave(client: aiohttp.ClientSession, endpoint: Endpoint, request: BenchRequest) -> str | None:
     """A stream left after LEAVE_AFTER_CHUNKS chunks (closing the connection); its error, or None once left."""
     try:
-        async with client.stream("POST", endpoint.url, json=request_body(endpoint, request)) as response:
-            if response.status_code != 200:
-                return f"leave HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+        async with client.post(endpoint.url, json=request_body(endpoint, request)) as response:
+            if response.status != 200:
+                return f"leave HTTP {response.status}: {(await response.read())[:200]!r}"
             chunks = 0
-            async for line in response.aiter_lines():
-                if not line.startswith("data:") or line.endswith("[DONE]"):
+            async for line in response.content:
+                if not line.startswith(b"data:") or line.strip().endswith(b"[DONE]"):
                     continue
-                if "error" in json.loads(line[len("data:"):]):
-                    return f"leave: error event {line[:200]}"
+                if "error" in orjson.loads(line[len(b"data:"):]):
+                    return f"leave: error event {line[:200]!r}"
                 chunks += 1
                 if chunks == LEAVE_AFTER_CHUNKS:
                     return None  # leaving the block closes the connection mid-stream
-    except httpx.HTTPError as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         return f"leave {type(exc).__name__}: {exc}"[:200]
     return f"leave: the stream ended after {chunks} chunks, before the client left"
 
 
-async def send_stream(client: httpx.AsyncClient, endpoint: Endpoint, request: BenchRequest) -> str | None:
+async def send_stream(client: aiohttp.ClientSession, endpoint: Endpoint, request: BenchRequest) -> str | None:
     record = await send_request(client, endpoint, request, time.perf_counter())
     if record.error is not None:
         return f"stream {record.error}"
@@ -168,7 +171,7 @@ class Load:
         self.outcomes: Counter[str] = Counter()  # "stream ok", "plain failed", "leave left", ...
         self.errors: Counter[str] = Counter()
 
-    async def worker(self, client: httpx.AsyncClient, max_requests: int) -> None:
+    async def worker(self, client: aiohttp.ClientSession, max_requests: int) -> None:
         for _ in range(max_requests):
             if time.monotonic() >= self.end:
                 return
@@ -232,12 +235,10 @@ def progress(entry: dict[str, object]) -> str:
 async def soak(cluster: ServingCluster, model: str, requests: list[BenchRequest], args: argparse.Namespace) -> tuple[Load, list[dict]]:
     start = time.monotonic()
     load = Load(cluster.router_url, model, requests, end=start + args.duration)
-    timeout = httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)
     # A connection per request, as from many clients: the router must close every socket it accepted (a
     # descriptor leak shows at once), and between requests it holds none of ours, so its count is steady.
-    limits = httpx.Limits(max_connections=args.concurrency, max_keepalive_connections=0)
-    async with (httpx.AsyncClient(timeout=timeout, limits=limits) as client,
-                httpx.AsyncClient(timeout=timeout) as scraper):
+    async with (client_session(args.concurrency, REQUEST_TIMEOUT_S, keep_alive=False) as client,
+                httpx.AsyncClient(timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)) as scraper):
         samples = [await sample(scraper, cluster, load, 0.0)]
         print(progress(samples[-1]), flush=True)
         # A request takes well over 10 ms, so this bounds a worker's loop by count as well as by the end time.

@@ -10,9 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import httpx
-
-from kvferry.loadgen.client import Endpoint, RequestRecord, send_request
+from kvferry.loadgen.client import Endpoint, RequestRecord, client_session, send_request
 from kvferry.loadgen.datasets import BenchRequest
 
 TIME_LIMIT_ERROR = "time limit"
@@ -71,11 +69,7 @@ async def run_load(
     offsets = arrival_offsets(requests, shape)
     limit = asyncio.Semaphore(shape.concurrency) if shape.concurrency else None
     connections = shape.concurrency or len(requests)
-    timeout = httpx.Timeout(shape.time_limit_s, connect=10.0)
-    # Every connection kept alive: httpx keeps 20 by default, so at 64 streams two requests in three opened a new
-    # connection, a cost the server side (router or node) paid per request that no steady client makes it pay.
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+    async with client_session(connections, shape.time_limit_s) as client:
         start = time.perf_counter()
         deadline = start + shape.time_limit_s
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
+import aiohttp
 import pytest
+from aiohttp.base_protocol import BaseProtocol
 
 from kvferry.loadgen.client import Endpoint, _chunks, _read_node, _read_openai, request_body
 from kvferry.loadgen.datasets import BenchRequest
@@ -46,18 +47,16 @@ def test_node_chunks_count_their_token_ids():
     assert _read_node({"token_ids": [], "text": "", "finish_reason": "error", "error": "dead"}).error == "dead"
 
 
-class _Pieces(httpx.AsyncByteStream):
-    def __init__(self, pieces: list[bytes]) -> None:
-        self.pieces = pieces
-
-    async def __aiter__(self):  # type: ignore[override]
-        for piece in self.pieces:
-            yield piece
-
-
 def _read(pieces: list[bytes], kind: str) -> list:
+    """What `_chunks` reads from a response body that arrives in these pieces (aiohttp's own stream reader)."""
+
     async def read() -> list:
-        return [reading async for reading in _chunks(httpx.Response(200, stream=_Pieces(pieces)), kind)]
+        loop = asyncio.get_running_loop()
+        content = aiohttp.StreamReader(BaseProtocol(loop), 2**16, loop=loop)
+        for piece in pieces:
+            content.feed_data(piece)
+        content.feed_eof()
+        return [reading async for reading in _chunks(content, kind)]
 
     return asyncio.run(read())
 
