@@ -25,7 +25,7 @@ from kvferry.engine.sequence import Sequence, SequenceStatus
 from kvferry.engine.tokenizer import ModelTokenizer
 from kvferry.engine.weights import load_weights
 from kvferry.kvcache.allocator import BlockAllocator, OutOfBlocksError
-from kvferry.kvcache.kv_pool import KVPool, KVPoolLayout
+from kvferry.kvcache.kv_pool import HostAllocator, KVPool, KVPoolLayout
 
 PromptInput = str | dict[str, list[int]]
 # Stands for a token still on the device (a step launched ahead reads it there); replaced once it is read.
@@ -71,7 +71,9 @@ class Request:
 
 
 class LLMEngine:
-    def __init__(self, model_dir: str | Path, args: EngineArgs | None = None) -> None:
+    def __init__(self, model_dir: str | Path, args: EngineArgs | None = None, pool_allocator: HostAllocator | None = None) -> None:
+        """`pool_allocator`: where a host KV pool's memory comes from (a node passes its transfer engine's
+        allocate_managed_buffer, so that KV blocks written into it arrive by plain copies)."""
         args = args or EngineArgs()
         self.args = args
         self.model_dir = Path(model_dir)
@@ -99,7 +101,7 @@ class LLMEngine:
             BlockAllocator(num_blocks, args.enable_prefix_caching), args.block_size, self.served_model_name
         )
         self._check_pool_holds_one_sequence(num_blocks)
-        self.pool = KVPool(self.pool_layout, num_blocks, self.device)
+        self.pool = KVPool(self.pool_layout, num_blocks, self.device, pool_allocator)
         graphs = None
         if self.device.type == "cuda" and args.cuda_graph_batch_sizes():
             graphs = DecodeGraphs(model, self.pool, args.cuda_graph_batch_sizes(), self.block_manager.blocks_for(self.max_model_len))

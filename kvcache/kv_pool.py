@@ -7,6 +7,8 @@ of blocks ships as one message (DESIGN.md §3-4). Attention reads a layer's K or
 
 from __future__ import annotations
 
+import ctypes
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
 import torch
@@ -33,20 +35,26 @@ class KVPoolLayout:
         return asdict(self)
 
 
+# Host memory from someone else: bytes -> address (the transfer engine's allocate_managed_buffer, whose
+# shared memory a writer on the same host fills by plain copies; docs/transfer.md).
+HostAllocator = Callable[[int], int]
+
+
 class KVPool:
-    def __init__(self, layout: KVPoolLayout, num_blocks: int, device: str | torch.device = "cpu") -> None:
+    def __init__(
+        self, layout: KVPoolLayout, num_blocks: int, device: str | torch.device = "cpu", allocate: HostAllocator | None = None
+    ) -> None:
+        """`allocate`, when given, provides a pool in host memory; a device pool ignores it."""
         self.layout = layout
         self.num_blocks = num_blocks
-        self.tensor = torch.zeros(
-            num_blocks,
-            layout.num_layers,
-            2,
-            layout.block_size,
-            layout.num_kv_heads,
-            layout.head_dim,
-            dtype=getattr(torch, layout.dtype),
-            device=device,
-        )
+        shape = (num_blocks, layout.num_layers, 2, layout.block_size, layout.num_kv_heads, layout.head_dim)
+        dtype = getattr(torch, layout.dtype)
+        nbytes = num_blocks * layout.bytes_per_block()
+        if allocate is not None and torch.device(device).type == "cpu" and nbytes > 0:
+            raw = (ctypes.c_ubyte * nbytes).from_address(allocate(nbytes))
+            self.tensor = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).view(shape).zero_()
+        else:
+            self.tensor = torch.zeros(shape, dtype=dtype, device=device)
 
     @classmethod
     def blocks_for_budget(cls, layout: KVPoolLayout, budget_bytes: int) -> int:

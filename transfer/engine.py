@@ -91,6 +91,8 @@ class TransferEngine:
             "malformed_messages": 0, "rejected_writes": 0, "duplicate_messages": 0, "bytes_sent": 0,
             # puts issued (retried ones again), and attempts after a first one that did not all land
             "puts": 0, "put_retries": 0,
+            # of those puts, plain copies into a peer's shared memory attached here (ucp_direct.put_many)
+            "puts_copied": 0,
             # writes into this engine's memory: completed (each told to the listener once), aborted by the writer
             "writes_received": 0, "bytes_received": 0, "aborted_writes": 0,
         }
@@ -113,7 +115,7 @@ class TransferEngine:
             raise ValueError(f"protocol must be one of {PROTOCOLS} (UCX picks shm, CMA, TCP, RDMA or CUDA IPC)")
         self.local_name = local_name
         self.registry = registry_from(metadata)
-        self.worker = UcxWorker({"CMA_TX_QUOTA": str(self.config.cma_segments_per_progress)})
+        self._start_worker()
         self.address = self.worker.address
         self._record = record
         try:
@@ -126,6 +128,11 @@ class TransferEngine:
         self._thread = threading.Thread(target=self._loop, name=f"kvferry-transfer-{local_name}", daemon=True)
         self._thread.start()
         return 0
+
+    def _start_worker(self) -> None:
+        """Once: at initialize, or before it when a host pool is allocated first (LLMEngine's pool_allocator)."""
+        if getattr(self, "worker", None) is None:
+            self.worker = UcxWorker({"CMA_TX_QUOTA": str(self.config.cma_segments_per_progress)})
 
     def publish(self, **record: object) -> None:
         """(Re)publish this engine's record: its worker address plus whatever the caller adds."""
@@ -169,6 +176,7 @@ class TransferEngine:
         memory from register_memory (CMA); across hosts it is RDMA memory like any other. Free it with
         free_managed_buffer; it is gone when the process ends either way."""
         allocated: list[int] = []
+        self._start_worker()  # before initialize: the node allocates its pool before it starts the engine
 
         def allocate() -> None:
             memh, address, size, rkey = ucp_direct.allocate_memory(self.worker.context_handle, length)
@@ -412,6 +420,7 @@ class TransferEngine:
         op.requests.append(flush)
         op.data.update(rma=True, pending=pending, batch=batch, flush=flush)
         self.stats["puts"] += len(lengths)
+        self.stats["puts_copied"] += batch.copied
 
     def _end_put_attempt(self, key: int, op: _Operation) -> None:
         """The flush after a round of puts completed. All landed: say complete. Some did not (UCX answered

@@ -31,8 +31,11 @@ def pool_description(model: str, pool: KVPool) -> dict[str, object]:
 
 
 def register_pool(engine: TransferEngine, pool: KVPool) -> None:
+    """A pool over memory the engine allocated (allocate_managed_buffer) is registered already."""
     tensor = pool.tensor
-    engine.register_memory(tensor.data_ptr(), tensor.numel() * tensor.element_size(), tensor.device.index if tensor.is_cuda else None)
+    length = tensor.numel() * tensor.element_size()
+    if engine.memory.find(tensor.data_ptr(), length) is None:
+        engine.register_memory(tensor.data_ptr(), length, tensor.device.index if tensor.is_cuda else None)
 
 
 def check_compatible(local: dict[str, object], remote: dict[str, object], peer: str) -> None:

@@ -195,7 +195,7 @@ def put_many(
         _PUT_NBX, _REQUEST_FREE, endpoint_handle, ctypes.addressof(_CONTIG_PARAM), count,
         *(column.ctypes.data for column in columns), failed.ctypes.data, ctypes.byref(first_status),
     )  # fmt: skip
-    return PutBatch(total, rest[failed[:failures]].tolist(), first_status.value)
+    return PutBatch(total, rest[failed[:failures]].tolist(), first_status.value, total - count)
 
 
 def _copy_attached(columns: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndarray]:
@@ -219,11 +219,13 @@ def _copy_attached(columns: list[np.ndarray]) -> tuple[list[np.ndarray], np.ndar
 @dataclass(frozen=True)
 class PutBatch:
     """The puts of one attempt: how many, the indices of those UCP answered with an error at once
-    (so that a retry sends those alone), and the status of the first of them."""
+    (so that a retry sends those alone), the status of the first of them, and how many were plain
+    copies into memory attached here (never failed: they are done when put_many returns)."""
 
     size: int
     failed: list[int]
     status: int = UCS_OK
+    copied: int = 0
 
 
 def wake(worker_handle: int) -> None:
