@@ -40,6 +40,7 @@ class RouterSpec:
     args: tuple[str, ...] = ()  # e.g. ("--policy", "prefix")
     nodes: tuple[str, ...] | None = None  # the names of the nodes it routes to; None: all
     with_index: bool = False  # pass the cluster's Redis as --redis-url (the prefix index)
+    core: int | None = None  # the one CPU core it may run on; None: any
 
 
 def wait_until_ready(url: str) -> None:
@@ -110,7 +111,7 @@ class ServingCluster:
                 for node in self.nodes:
                     if router.nodes is None or node.name in router.nodes:
                         args += [f"--{node.role}", self.node_urls[node.name]]
-                self.local.spawn(router.name, args)
+                self.local.spawn(router.name, pinned(router.core, args))
                 self.router_urls[router.name] = f"http://127.0.0.1:{port}"
             self.local.wait_ready({**self.node_urls, **self.router_urls})
         except BaseException:
