@@ -11,14 +11,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from kvferry.engine import EngineArgs, LLMEngine, SamplingParams
 from kvferry.kvcache.kv_pool import KVPool
-from kvferry.transfer import TransferRejectedError
+from kvferry.transfer import TransferEngine, TransferRejectedError
 from kvferry.transfer.kv_connector import KVReceiver
 
 from tests.support.block_sets import NUM_BLOCKS, fragmented
 from tests.support.transfer_peer import block_digests, fill_random
 
-pytest_plugins = ["tests.support.transfer_fixtures"]  # local_engine, peers
+pytest_plugins = ["tests.support.transfer_fixtures", "tests.support.models"]  # local_engine, peers; tiny_models
 
 
 def shared_segment_holds(address: int) -> bool:
@@ -87,3 +88,29 @@ def test_freed_managed_memory_is_refused(local_engine):
     target.free_managed_buffer(managed, source.block_bytes())
     with pytest.raises(TransferRejectedError, match="not registered"):
         writer.batch_transfer_write(target.local_name, [source.tensor.data_ptr()], [managed], [source.block_bytes()])
+
+
+def greedy_tokens(engine: LLMEngine, prompts: list[list[int]]) -> list[list[int]]:
+    for number, prompt in enumerate(prompts):
+        engine.add_request(str(number), {"prompt_token_ids": prompt}, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    finished = {}
+    for _ in range(200):  # 12 tokens each: a few dozen steps
+        finished.update({out.request_id: out.outputs[0].token_ids for out in engine.step() if out.finished})
+        if not engine.has_unfinished_requests():
+            break
+    return [finished[str(number)] for number in range(len(prompts))]
+
+
+def test_an_engine_over_managed_memory_answers_as_over_its_own(tiny_models):
+    """A node allocates its pool before it starts its transfer engine (LLMEngine(pool_allocator=))."""
+    transfer = TransferEngine()
+    try:
+        args = EngineArgs(device="cpu", num_kv_blocks=64, max_model_len=256)
+        managed = LLMEngine(tiny_models["llama"], args, pool_allocator=transfer.allocate_managed_buffer)
+        assert shared_segment_holds(managed.pool.tensor.data_ptr())
+        prompts = [list(range(3, 40)), list(range(50, 61))]  # one prompt over two blocks, one under one
+        expected = greedy_tokens(LLMEngine(tiny_models["llama"], args), prompts)
+        assert [len(tokens) for tokens in expected] == [12, 12]
+        assert greedy_tokens(managed, prompts) == expected
+    finally:
+        transfer.close()
