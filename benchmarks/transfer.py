@@ -67,7 +67,12 @@ INSTALL_HINT = {
 # Mooncake's TCP transport refuses a batch deeper than its per-peer queue (here 2048 descriptors pass and
 # 3000 fail with "TCP lane queue-full rejection" and status -1, so 4096 x 16 KiB fails); its own knob
 # lets the same single batch through.
-SYSTEM_ENV = {"mooncake_tcp": {"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "8192"}}
+# kvferry's target holds its buffer in memory the engine allocated, as a decode node's CPU pool does
+# (docs/transfer.md, item 9); named here so that the results file records it.
+SYSTEM_ENV = {
+    "mooncake_tcp": {"MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER": "8192"},
+    "kvferry": {"KVFERRY_BENCH_TARGET_MEMORY": "managed"},
+}
 # TTFT part: the `small` checkpoint in float32 (12 layers, 4 KV heads, head dim 64: 24 KiB of KV per token).
 TTFT_TOKENS = (128, 512, 2048, 8192)
 KV_BLOCK_TOKENS = 16
