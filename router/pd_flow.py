@@ -152,7 +152,9 @@ class PDFlow:
         if reason is None and response.status_code >= 500:
             reason = "prefill_error"
         if reason is not None:
-            log.warning("prefill of %s on %s failed (%s): %s prefills locally", request_id, prefill.name, reason, decode.name)
+            detail = f" {response.status_code} {_detail(response.content)}" if answered else ""
+            log.warning("prefill of %s on %s failed (%s%s): %s prefills locally", request_id, prefill.name, reason,
+                        detail, decode.name)
             self.metrics.fallback(reason)
             # Awaited: the reservation's blocks are free again before the local prefill needs them.
             await self._abort(decode.url, request_id)

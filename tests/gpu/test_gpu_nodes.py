@@ -35,9 +35,13 @@ def test_disaggregated_nodes_on_the_gpu_match_the_colocated_engine(tiny_models):
     torch.cuda.empty_cache()
 
     common = ["--dtype", "float32", "--kv-cache-bytes", str(POOL_BYTES), "--max-model-len", "2048"]
+    # A decode node's lease must outlast the first prefills, which compile their Triton kernels (seconds, on a
+    # machine with an empty Triton cache): with the test cluster's 2 s lease the reservations expired first,
+    # the prefill node's transfers were refused (502) and the decode node prefilled those prompts itself.
+    decode_flags = [*common, "--device", decode_device, "--lease", "60"]
     cluster = DisaggregatedCluster(
         tiny_models["llama"], use_redis=False,
-        role_flags={"prefill": [*common, "--device", prefill_device], "decode": [*common, "--device", decode_device]},
+        role_flags={"prefill": [*common, "--device", prefill_device], "decode": decode_flags},
     )
     try:
         body = {"model": MODEL_NAME, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
