@@ -80,6 +80,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--load-factor", type=float, default=0.8, help="offered rate / ideal-hit prefill capacity")
     parser.add_argument("--streams", type=int, default=64, help="concurrent streams of the overhead part")
     parser.add_argument("--overhead-rounds", type=int, default=3)
+    # Equal lengths make a closed loop move in lock-step waves: every stream ends in the same step and all
+    # of them arrive again at once. Lengths spread around 64 let streams end and start at different times.
+    parser.add_argument("--overhead-range-ratio", type=float, default=0.5,
+                        help="overhead part: prompt and output lengths drawn from 64 x [1 - r, 1 + r]")
     parser.add_argument("--time-limit", type=float, default=600.0, help="seconds per run")
     parser.add_argument("--quick", action="store_true", help="tiny model, few requests, one overhead round")
     parser.add_argument("--part", choices=("all", "policies", "overhead"), default="all",
@@ -154,7 +158,7 @@ def router_overhead(args: argparse.Namespace) -> dict[str, object]:
 
     model = cached_model("llama", "tiny")
     tokenizer = ModelTokenizer(model)
-    spec = RandomSpec(args.streams * 3, input_len=64, output_len=64)
+    spec = RandomSpec(args.streams * 3, input_len=64, output_len=64, range_ratio=args.overhead_range_ratio)
     requests = with_token_ids(random_requests(TokenWords(tokenizer), spec, seed=7), tokenizer)
     shape = LoadShape(concurrency=args.streams, time_limit_s=args.time_limit)
     p50: dict[str, dict[str, list[float]]] = {mode: {"ttft": [], "itl": [], "tpot": []} for mode in ("router", "direct")}
@@ -189,6 +193,7 @@ def router_overhead(args: argparse.Namespace) -> dict[str, object]:
     medians = {mode: {k: statistics.median(v) for k, v in values.items()} for mode, values in p50.items()}
     return {
         "streams": args.streams, "rounds": args.overhead_rounds, "model": "llama tiny",
+        "lengths": {"input": 64, "output": 64, "range_ratio": args.overhead_range_ratio},
         "cores": {"router": 0, "decode_node_and_load_generator": 1},
         "ttft_p50_s": {mode: m["ttft"] for mode, m in medians.items()},
         "itl_p50_s": {mode: m["itl"] for mode, m in medians.items()},
