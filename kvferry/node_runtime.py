@@ -50,9 +50,12 @@ class NodeRuntime:
         # Before UCX reads its settings; an explicit UCX_* variable wins.
         for name, value in transfer_environment(config.host).items():
             os.environ.setdefault(name, value)
-        # The engine first: it makes the node's GPU (--device cuda:N) current, so UCX starts in that GPU's context.
-        engine = LLMEngine(config.model, engine_args_from(config))
+        # A host KV pool lives in memory the transfer engine allocates (shared memory on one host): a peer on
+        # the same host writes KV blocks into it with plain copies instead of a system call per 512 KiB.
+        # Making the transfer engine starts no UCX; a GPU pool ignores the allocator, and the engine makes the
+        # node's GPU (--device cuda:N) current before UCX starts at initialize, in that GPU's context.
         transfer = TransferEngine(TransferConfig(timeout_seconds=config.transfer_timeout_seconds))
+        engine = LLMEngine(config.model, engine_args_from(config), pool_allocator=transfer.allocate_managed_buffer)
         model = engine.served_model_name
         # The node registry record (docs/internals.md): who the node is; the reporter adds its load.
         transfer.initialize(
