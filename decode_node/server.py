@@ -54,7 +54,8 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         async def sweep() -> None:  # leases end on time even when nobody asks about them
             while True:
                 await asyncio.sleep(LEASE_SWEEP_SECONDS)
-                receiver.expire_due()
+                # Off the event loop: freeing an expired reservation waits for the engine's step in progress.
+                await asyncio.to_thread(receiver.expire_due)
 
         task = asyncio.create_task(sweep())
         yield
@@ -85,7 +86,7 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
     async def decode(body: DecodeRequest) -> ClosingStreamingResponse:
         handle = handles.pop(body.request_id, None)
         if handle is None or not receiver.claim(handle):
-            free_expired(body.request_id, [])
+            await asyncio.to_thread(free_expired, body.request_id, [])  # waits for the engine's step in progress
             raise HTTPException(409, f"the KV of {body.request_id!r} has not arrived (unknown, expired or cancelled)")
         activated = time.perf_counter()
         stream = await runtime.engine.activate(body.request_id, body.first_token, body.logprobs)

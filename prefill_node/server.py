@@ -19,10 +19,12 @@ from kvferry.node_runtime import NodeRuntime, add_common_routes
 def create_app(runtime: NodeRuntime) -> FastAPI:
     sender = KVSender(runtime.transfer, runtime.engine.engine.pool, runtime.model_name)
     metrics = runtime.metrics
-    # Requests whose KV is on the wire: an abort must not free blocks UCX is still reading from, so it
-    # is recorded and honoured when the transfer ends (within the transfer timeout).
+    # Requests prefill() is handling, those of them whose KV is on the wire, and those of them aborted. An
+    # abort must not free blocks UCX is still reading from: on the wire, it is honoured when the transfer
+    # ends (within the transfer timeout); before, prefill() sees the mark and does not start the transfer.
+    active: set[str] = set()
     sending: set[str] = set()
-    aborted_while_sending: set[str] = set()
+    aborted: set[str] = set()
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -34,6 +36,14 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
 
     @app.post(f"{API_PREFIX}/prefill")
     async def prefill(body: PrefillRequest) -> PrefillResponse:
+        active.add(body.request_id)
+        try:
+            return await prefill_and_send(body)
+        finally:
+            active.discard(body.request_id)
+            aborted.discard(body.request_id)
+
+    async def prefill_and_send(body: PrefillRequest) -> PrefillResponse:
         started = time.perf_counter()
         try:
             handle = DestinationHandle.from_json(body.handle)
@@ -46,7 +56,9 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         final = None
         async for output in stream:
             final = output
-        if final is not None and final.outputs[0].finish_reason == "abort":
+        if (final is not None and final.outputs[0].finish_reason == "abort") or body.request_id in aborted:
+            # An abort that came after the prompt's last step found the KV held: its blocks go now.
+            await runtime.engine.call(lambda engine: engine.release_kv(body.request_id))
             raise HTTPException(409, f"request {body.request_id!r} was aborted")
         if final is None or final.kv_block_ids is None:
             raise HTTPException(500, f"prefill of {body.request_id!r} produced no KV")
@@ -63,8 +75,7 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         finally:
             sending.discard(body.request_id)
             await runtime.engine.call(lambda engine: engine.release_kv(body.request_id))
-        if body.request_id in aborted_while_sending:
-            aborted_while_sending.discard(body.request_id)
+        if body.request_id in aborted:
             raise HTTPException(409, f"request {body.request_id!r} was aborted")
         transferred = time.perf_counter()
         queued = final.queue_seconds or 0.0
@@ -84,11 +95,17 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         )
 
     @app.post(f"{API_PREFIX}/abort/{{request_id}}")
-    async def abort(request_id: str) -> dict[str, bool]:  # on the event loop, like prefill(): no races
-        if request_id in sending:  # out of the engine already: counted here
-            aborted_while_sending.add(request_id)
-            metrics.aborts.inc()
-            return {"aborted": True}
-        return {"aborted": runtime.engine.abort(request_id)}
+    async def abort(request_id: str) -> dict[str, bool]:
+        # Marked on the event loop, where prefill() moves a request from the engine to the wire, so exactly
+        # one of the two rules above applies.
+        if request_id in active:
+            aborted.add(request_id)
+            if request_id in sending:  # out of the engine already: counted here
+                metrics.aborts.inc()
+                return {"aborted": True}
+        # The engine lock is held for whole steps (seconds on a CPU): waited for off the event loop, which
+        # keeps serving streams, probes and /metrics meanwhile. Done on the loop, a router's burst of
+        # aborts (prefills past its timeout) blocked the node for a step each: /metrics reads timed out.
+        return {"aborted": await asyncio.to_thread(runtime.engine.abort, request_id)}
 
     return app
