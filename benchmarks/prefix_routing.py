@@ -99,16 +99,15 @@ def prefix_counters(node_urls: list[str]) -> tuple[float, float]:
 def ideal_capacity(routers: dict[str, Endpoint], words: TokenWords, workload: Workload, time_limit: float) -> dict[str, float]:
     """Unloaded TTFT of a prompt whose prefix is not cached and of one whose prefix is, and the request rate
     two prefill nodes sustain when every group misses once and then always hits."""
-    groups = 4
-    probe = Workload(groups, 3, workload.system_len, workload.question_len, workload.output_len)
+    probe = Workload(6, 3, workload.system_len, workload.question_len, workload.output_len)
     requests = sorted(shared_prefix_requests(words, probe.spec(), seed=1000), key=lambda r: r.system_prompt)
     one_at_a_time = LoadShape(concurrency=1, time_limit_s=time_limit)
-    # Warm-up through round robin, which alternates the prefill nodes: each runs misses and hits once before
+    # Warm-up through round robin, which alternates the prefill nodes: each runs misses and hits before
     # the measurement. A node's first prefills of each kind are slow (first-use allocations and kernel
     # set-up): when the warm-up all landed on one node and the measured group on the other, one run
     # measured 3.8 s for a miss and 1.6 s for a hit instead of 1.3 and 0.2, and offered a sixth of the load.
     offer(routers["round_robin"], requests[:6], one_at_a_time)
-    # Two fresh groups through the prefix policy (a miss, then two hits, each): medians of 2 and of 4.
+    # Four fresh groups through the prefix policy (a miss, then two hits, each): medians of 4 and of 8.
     ttfts = [r.ttft_s for r in offer(routers["prefix"], requests[6:], one_at_a_time).records]
     miss, hit = statistics.median(ttfts[0::3]), statistics.median(ttfts[1::3] + ttfts[2::3])
     requests_total = workload.groups * workload.prompts_per_group
