@@ -39,11 +39,11 @@ class Endpoint:
 @dataclass
 class RequestRecord:
     input_tokens: int
-    output_tokens: int = 0  # the server's usage count; else max_tokens for a "length" finish; else text chunks
+    output_tokens: int = 0  # the server's usage count; else max_tokens for a "length" finish; else chunks
     start_s: float = 0.0  # since the run began
     ttft_s: float | None = None
     latency_s: float = 0.0
-    itl_s: list[float] = field(default_factory=list)  # gaps between chunks with text
+    itl_s: list[float] = field(default_factory=list)  # gaps between chunks that carry tokens
     error: str | None = None
 
     @property
@@ -87,14 +87,24 @@ class ChunkReading:
     error: str | None = None
 
 
+def _carries_token(choice: dict) -> bool:
+    """A streamed choice carries a generated token when it has text, or when it has no finish reason: a
+    token whose text the detokenizer holds back (part of a UTF-8 character, a skipped special token) still
+    arrives, as an empty chunk, and vLLM's serving benchmark counts it too. Counting text alone, a random
+    model's 128k-token vocabulary delayed TTFT by many tokens and made TPOT a third of the decode step.
+    Chat's opening role delta and closing empty delta carry none."""
+    delta = choice.get("delta")
+    text = choice.get("text") if delta is None else delta.get("content")
+    return bool(text) or (choice.get("finish_reason") is None and (delta is None or "role" not in delta))
+
+
 def _read_openai(chunk: dict) -> ChunkReading:
     if "error" in chunk:
         return ChunkReading(False, error=str(chunk["error"])[:200])
     choices = chunk.get("choices") or []
-    texts = [choice.get("text") or (choice.get("delta") or {}).get("content") for choice in choices]
     finish = next((c["finish_reason"] for c in choices if c.get("finish_reason")), None)
     usage = (chunk.get("usage") or {}).get("completion_tokens")
-    return ChunkReading(any(texts), finish_reason=finish, usage_tokens=usage)
+    return ChunkReading(any(_carries_token(choice) for choice in choices), finish_reason=finish, usage_tokens=usage)
 
 
 def _read_node(chunk: dict) -> ChunkReading:
@@ -164,7 +174,7 @@ async def send_request(session: aiohttp.ClientSession, endpoint: Endpoint, reque
         record.latency_s = time.perf_counter() - start
     if usage_tokens is not None or counted_tokens:
         record.output_tokens = usage_tokens if usage_tokens is not None else counted_tokens
-    else:  # a chunk may hold no text (a partial UTF-8 character), so chunks undercount tokens
+    else:  # a chunk may carry several tokens (a node step's, relayed together), so chunks can undercount
         record.output_tokens = request.output_tokens if finish_reason == "length" else token_chunks
     if record.ttft_s is None:
         record.error = "the stream ended without a token"

@@ -38,6 +38,11 @@ def test_openai_chunks_are_read_for_text_finish_usage_and_errors():
     empty = _read_openai({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})
     assert not empty.has_token and empty.finish_reason == "length"
     assert _read_openai({"choices": [], "usage": {"completion_tokens": 7}}).usage_tokens == 7
+    # A token whose text is held back still arrives; chat's role delta and closing empty delta are not tokens.
+    assert _read_openai({"choices": [{"index": 0, "text": "", "finish_reason": None}]}).has_token
+    assert _read_openai({"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": None}]}).has_token
+    assert not _read_openai({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}).has_token
+    assert not _read_openai({"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "stop"}]}).has_token
     assert _read_openai({"error": {"message": "boom"}}).error is not None
 
 
