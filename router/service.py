@@ -26,10 +26,10 @@ from kvferry.router.prompts import PromptEncoder
 from kvferry.router.responses import Choice, ResponseShape, sse
 from kvferry.router.scheduling import NoNodeAvailable, Scheduler, SchedulingRequest
 from kvferry.router.scheduling.routing_history import RoutingHistory, combined
+from kvferry.router.sse_response import SSEResponse
 from kvferry.router.streams import merge_streams
 from starlette.requests import Request
 
-from kvferry.closing_response import ClosingStreamingResponse
 from kvferry.internal_api import SamplingSpec
 
 DEFAULT_BLOCK_SIZE = 16  # the nodes' default; their records say when they use another
@@ -97,7 +97,7 @@ class CompletionService:
                 streaming = True
                 events = self._sse(shape, merged, first, len(subs), sum(prompt_lens), include_usage, context, arrived)
                 await anext(events)  # started: from here on, closing it runs its cleanup
-                return ClosingStreamingResponse(events, media_type="text/event-stream")
+                return SSEResponse(events, media_type="text/event-stream")
             whole = await until_disconnected(request, self._collect(shape, merged, len(subs), sum(prompt_lens), context, arrived))
             status = 200
             return JSONResponse(whole)
