@@ -4,23 +4,30 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# uv's cache lives outside the checkout, so a fresh clone (CI) re-creates .venv from it in seconds.
-UV := $(BIN)/uv
-STAMP := $(VENV)/.installed
 CACHE ?= $(HOME)/.cache/kvferry
+# uv itself, pinned, lives in a folder of its own outside the checkout: `uv sync` removes from .venv
+# whatever the lock does not list, uv included. Its package cache is outside the checkout too, so a fresh
+# clone (CI) re-creates .venv from it in seconds.
+UV_VERSION := 0.13.9
+UV_HOME := $(CACHE)/uv-$(UV_VERSION)
+UV := $(UV_HOME)/bin/uv
+STAMP := $(VENV)/.installed
 
-.PHONY: up test lint unit venv system-packages cluster-binaries clean
+.PHONY: up test lint unit venv lock system-packages cluster-binaries clean
 
-$(BIN)/python:
-	$(PYTHON) -m venv $(VENV)
+$(UV):
+	$(PYTHON) -m venv $(UV_HOME)
+	$(UV_HOME)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
-$(UV): $(BIN)/python
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check uv
-
-# The transfer engine's C put loop is built by the install too.
-$(STAMP): pyproject.toml transfer/_ucp_batch.c $(UV)
-	$(UV) pip install --python $(BIN)/python -e '.[test,dev]'
+# Every machine installs the versions uv.lock names (--locked fails if pyproject.toml and the lock
+# disagree, rather than resolving anew). The transfer engine's C put loop is built by the install too.
+$(STAMP): pyproject.toml uv.lock transfer/_ucp_batch.c $(UV)
+	$(UV) sync --locked --python $(PYTHON) --extra test --extra dev
 	touch $(STAMP)
+
+# A dependency bump: `make lock` (pyproject.toml's ranges resolved to today's newest), then commit uv.lock.
+lock: $(UV)
+	$(UV) lock --upgrade
 
 venv: $(STAMP)
 
@@ -39,9 +46,11 @@ MODEL ?=
 up: venv
 	$(BIN)/kvferry up $(if $(MODEL),--model $(MODEL))
 
+# pytest through its console script, not `python -m pytest`: -m would put the checkout root on sys.path,
+# where folders such as kernels/ stand in for installed packages of the same name.
 # pytest's exit code 5 means no test ran: reported and failed like any other failure.
 test: venv system-packages cluster-binaries lint
-	@$(BIN)/python -m pytest; status=$$?; \
+	@$(BIN)/pytest; status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$status
 
 clean:

@@ -13,9 +13,8 @@ import torch.nn.functional as F
 from kvferry.engine.attention_metadata import AttentionMetadata
 from kvferry.engine.model_config import ModelConfig
 from kvferry.engine.rope import cos_sin_cache
+from kvferry.kernels import dispatch as kernels
 from kvferry.kvcache.kv_pool import KVPool
-
-from kvferry import kernels
 
 
 @dataclass

@@ -7,6 +7,10 @@ or a test can switch sides within one process.
 The Triton modules are imported on first use, not with this package: a CPU process never loads triton,
 and a process that interprets the kernels can set `TRITON_INTERPRET` before the first import decides
 between compiling and interpreting them.
+
+kernels/ has no __init__.py, like operator/: a source checkout's root on sys.path (`python -m` from
+there) would otherwise put this folder in place of Hugging Face's `kernels` package, which
+transformers imports when it finds one installed.
 """
 
 from __future__ import annotations

@@ -12,8 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from tests.cluster.control_plane import ControlPlane, default_bin_dir, missing_binaries
+from cluster.control_plane import ControlPlane, default_bin_dir, missing_binaries
 
 
 def require_binaries() -> Path:

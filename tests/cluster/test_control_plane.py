@@ -10,10 +10,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
-from tests.cluster.control_plane import ControlPlane, ControlPlaneError, KubeCommandError
-from tests.cluster.fixtures import require_binaries
-from tests.cluster.waiting import wait_until
+from cluster.control_plane import ControlPlane, ControlPlaneError, KubeCommandError
+from cluster.fixtures import require_binaries
+from cluster.waiting import wait_until
 
 # Also the tests that start their own ControlPlane rather than use the `kube` fixture.
 pytestmark = pytest.mark.cluster

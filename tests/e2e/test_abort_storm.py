@@ -10,8 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-
-from tests.support.disaggregated_cluster import MODEL_NAME, idle
+from support.disaggregated_cluster import MODEL_NAME, idle
 
 STREAMS = 100
 ABANDONED = 10

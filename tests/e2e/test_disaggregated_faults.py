@@ -11,8 +11,7 @@ import time
 
 import httpx
 import redis
-
-from tests.support.disaggregated_cluster import (
+from support.disaggregated_cluster import (
     LEASE_SECONDS,
     MODEL_NAME,
     DisaggregatedCluster,

@@ -6,9 +6,8 @@ import json
 from typing import Any
 
 import pytest
+from e2e.kube_cluster import Cluster
 from kvferry.operator.crd_model import InferenceClusterSpec
-
-from tests.e2e.conftest import Cluster
 
 MINIMAL = {"model": {"source": "/models/tiny", "servedName": "tiny"}}
 

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-
-from tests.e2e.conftest import CRD, Cluster
+from e2e.kube_cluster import CRD, Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kvferry"

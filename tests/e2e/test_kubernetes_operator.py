@@ -6,9 +6,8 @@ from collections import Counter
 from typing import Any
 
 import yaml
-
-from tests.e2e.conftest import TEST_RESYNC_S, Cluster, OperatorProcess
-from tests.e2e.example_cluster import CHILD_KINDS, EXAMPLE, EXPECTED_CHILDREN, NAME, SELECTOR, example
+from e2e.example_cluster import CHILD_KINDS, EXAMPLE, EXPECTED_CHILDREN, NAME, SELECTOR, example
+from e2e.kube_cluster import TEST_RESYNC_S, Cluster, OperatorProcess
 
 HANDLED = "kvferry.dev/last-handled-configuration"
 

@@ -10,9 +10,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
-
-from tests.e2e.conftest import TEST_LEASE_DURATION_S, TEST_RESYNC_S, Cluster, OperatorProcess
-from tests.e2e.example_cluster import CHILD_KINDS, EXAMPLE, EXPECTED_CHILDREN, NAME, SELECTOR, example
+from e2e.example_cluster import CHILD_KINDS, EXAMPLE, EXPECTED_CHILDREN, NAME, SELECTOR, example
+from e2e.kube_cluster import TEST_LEASE_DURATION_S, TEST_RESYNC_S, Cluster, OperatorProcess
 
 LEASE = "kvferry-operator"
 # A candidate takes over once it has seen the Lease unchanged for a full duration; it polls every fifth

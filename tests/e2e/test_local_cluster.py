@@ -15,8 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-
-from tests.support.redis_server import free_port
+from support.redis_server import free_port
 
 MAX_TOKENS = 12
 

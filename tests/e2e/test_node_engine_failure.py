@@ -1,4 +1,4 @@
-"""Nodes that fail on purpose (tests.support.faulty_node): an engine failing on a decode node ends the
+"""Nodes that fail on purpose (support.faulty_node): an engine failing on a decode node ends the
 requests it held with a 500 or an error event then [DONE], the node reports unhealthy, and new traffic
 avoids it; a prefill node dying between its prefill and the transfer leaves the request to the decode
 node's local prefill, with the same greedy tokens and no blocks left behind."""
@@ -12,8 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import redis
-
-from tests.support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster
+from support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster
 
 LONG = 1500  # long enough that the stream still runs when the second request arrives, however loaded
 SHORT = 8
@@ -22,7 +21,7 @@ SHORT = 8
 @pytest.fixture
 def cluster(tiny_models):
     # decode-0's engine dies on the first step with two requests in its batch.
-    faulty = {"decode-0": ["-m", "tests.support.faulty_node", "--fail-when-running", "2"]}
+    faulty = {"decode-0": ["-m", "support.faulty_node", "--fail-when-running", "2"]}
     cluster = DisaggregatedCluster(
         tiny_models["llama"], num_decode=2, launchers=faulty, router_flags=["--policy", "round_robin"]
     )
@@ -83,7 +82,7 @@ def test_requests_on_the_failed_engine_get_errors_and_the_node_gets_no_new_traff
 
 
 def test_prefill_node_dying_before_its_transfer_falls_back_and_frees_the_reservation(tiny_models, tiny_llama_greedy):
-    dying = {"prefill-0": ["-m", "tests.support.faulty_node", "--die-before-transfer"]}
+    dying = {"prefill-0": ["-m", "support.faulty_node", "--die-before-transfer"]}
     cluster = DisaggregatedCluster(tiny_models["llama"], launchers=dying)
     try:
         body = _body(11, False, SHORT)

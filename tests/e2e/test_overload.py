@@ -10,8 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from tests.support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster, idle
+from support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster, idle
 
 MAX_INFLIGHT = 4
 WAVE = 24

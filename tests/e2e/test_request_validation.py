@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
-from tests.support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster
+from support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster
 
 CONTEXT = 128
 

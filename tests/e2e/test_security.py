@@ -16,8 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi import FastAPI
-
-from tests.support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster
+from support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster
 
 API_KEY = "sk-" + secrets.token_urlsafe(16)
 CLUSTER_TOKEN = secrets.token_urlsafe(32)

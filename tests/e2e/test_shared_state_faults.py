@@ -11,8 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import redis
-
-from tests.support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster, idle
+from support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster, idle
 
 MAX_TOKENS = 8
 

@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from interpreted_kernels.cases import (
+    ATTENTION_TOLERANCE,
+    DTYPES,
+    paged_kv,
+    poisoned,
+    random_tensor,
+    strided_qkv,
+)
 from kvferry.kernels import reference
-
-from tests.kernels.cases import ATTENTION_TOLERANCE, DTYPES, paged_kv, poisoned, random_tensor, strided_qkv
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 CUDA = "cuda"
@@ -112,8 +118,7 @@ def test_elementwise_kernels_match_the_reference(dtype):
     fused RoPE + store: rotated keys within RoPE's bound, values exactly)."""
     from kvferry.engine.model_config import RopeConfig
     from kvferry.engine.rope import cos_sin_cache
-
-    from kvferry import kernels
+    from kvferry.kernels import dispatch as kernels
 
     generator = _generator(6)
     x, residual = (random_tensor((4096, 4096), dtype, generator, CUDA) for _ in range(2))
@@ -156,7 +161,7 @@ def test_elementwise_kernels_match_the_reference(dtype):
 @pytest.mark.parametrize(("n", "k"), [(6144, 4096), (4096, 14336), (128256, 4096), (301, 1000)])
 def test_one_row_linear_matches_float32_matmul(dtype, n, k):
     """The batch-1 GEMV against a float32 matmul of the same 16-bit inputs, rounded like the output."""
-    from kvferry import kernels
+    from kvferry.kernels import dispatch as kernels
 
     generator = _generator(n + k)
     x = random_tensor((1, k), dtype, generator, CUDA)

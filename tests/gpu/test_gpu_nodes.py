@@ -11,8 +11,7 @@ import httpx
 import pytest
 import torch
 from kvferry.engine import LLM, SamplingParams
-
-from tests.support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster, idle
+from support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster, idle
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

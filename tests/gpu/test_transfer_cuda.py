@@ -8,9 +8,8 @@ import pytest
 import torch
 from kvferry.transfer import TransferEngine
 from kvferry.transfer.kv_connector import DestinationHandle, KVSender, pool_description
-
-from tests.support.peer_process import PeerProcess
-from tests.support.transfer_peer import block_digests, fill_random, make_pool
+from support.peer_process import PeerProcess
+from support.transfer_peer import block_digests, fill_random, make_pool
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -13,9 +13,8 @@ import torch
 from kvferry.engine import EngineArgs, LLMEngine, SamplingParams
 from kvferry.transfer import TransferEngine
 from kvferry.transfer.kv_connector import DestinationHandle, KVSender, pool_description
-
-from tests.support.peer_process import PeerProcess
-from tests.support.transfer_peer import block_digests, fill_random, make_pool
+from support.peer_process import PeerProcess
+from support.transfer_peer import block_digests, fill_random, make_pool
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")

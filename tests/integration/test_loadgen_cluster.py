@@ -11,8 +11,7 @@ import sys
 import time
 
 import pytest
-
-from tests.support.redis_server import free_port
+from support.redis_server import free_port
 
 NUM_PROMPTS = 6
 INPUT_LEN, OUTPUT_LEN = 40, 8

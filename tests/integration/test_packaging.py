@@ -13,6 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
+SUBCOMMANDS = ("make-model", "generate", "operator", "prefill", "decode", "router", "up", "bench")
 
 
 def _run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -29,7 +30,7 @@ def test_operator_folder_has_no_init_and_stdlib_operator_still_wins():
 
 def test_cli_help_from_the_repo_root():
     out = _run([sys.executable, "-m", "kvferry", "--help"], REPO)
-    for command in ("make-model", "generate", "operator", "prefill", "decode", "router", "up", "bench-transfer"):
+    for command in SUBCOMMANDS:
         assert command in out.stdout
     assert "make-model" in _run([str(VENV_BIN / "kvferry"), "--help"], REPO).stdout
 
@@ -41,13 +42,24 @@ def test_pytest_collects_from_the_root(runner):
     assert "4 tests collected" in out.stdout
 
 
-def test_wheel_installs_into_a_fresh_venv_and_imports(tmp_path):
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), str(REPO)], tmp_path)
+def _wheel_modules(names: list[str]) -> list[str]:
+    """Every module the wheel holds, as import names; `__main__` runs the CLI when imported."""
+    modules = []
+    for name in names:
+        if name.endswith(".py") and not name.endswith("/__main__.py"):
+            module = name.removesuffix(".py").replace("/", ".").removesuffix(".__init__")
+            modules.append(module)
+    return sorted(modules)
+
+
+def test_wheel_installs_into_a_fresh_venv_imports_every_module_and_answers_help(tmp_path):
+    _run([str(VENV_BIN / "uv"), "build", "--wheel", "--out-dir", str(tmp_path), str(REPO)], tmp_path)
     wheel = next(tmp_path.glob("kvferry-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert "kvferry/operator/command.py" in names and "kvferry/engine/llm.py" in names
+    assert "kvferry/router/scheduling/scheduler.py" in names  # a subpackage, found without being listed
     assert "kvferry/data/corpus.txt" in names
-    assert not any(name.startswith("operator/") for name in names)
+    assert not any(name.startswith(("operator/", "kernels/", "tests/", "benchmarks/")) for name in names)
 
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], tmp_path)
@@ -55,10 +67,16 @@ def test_wheel_installs_into_a_fresh_venv_and_imports(tmp_path):
     # Dependencies come from the project's venv through PYTHONPATH; its editable-install hook is a .pth
     # file, which PYTHONPATH does not run, so only the wheel can provide kvferry here.
     env = {**os.environ, "PYTHONPATH": sysconfig.get_paths()["purelib"]}
-    code = (
-        "import kvferry, kvferry.engine, kvferry.operator.crd_model as m, kvferry.kvcache;"
-        "print(kvferry.__file__); print(m.__file__)"
-    )
-    out = _run([str(venv / "bin" / "python"), "-c", code], tmp_path, env)
-    for line in out.stdout.split():
+    modules = _wheel_modules(names)
+    assert len(modules) > 100
+    code = "import importlib, sys\nfor name in sys.argv[1:]:\n    print(importlib.import_module(name).__file__)"
+    out = _run([str(venv / "bin" / "python"), "-c", code, *modules], tmp_path, env)
+    files = out.stdout.split()
+    assert len(files) == len(modules)
+    for line in files:
         assert line.startswith(str(venv)), f"imported from outside the fresh venv: {line}"
+
+    kvferry = str(venv / "bin" / "kvferry")
+    assert "make-model" in _run([kvferry, "--help"], tmp_path, env).stdout
+    for command in SUBCOMMANDS:
+        assert "usage: kvferry " + command in _run([kvferry, command, "--help"], tmp_path, env).stdout

@@ -12,8 +12,7 @@ import time
 import httpx
 from kvferry.router.config import DiscoverySection
 from kvferry.router.kubernetes_discovery import KubernetesDiscovery
-
-from tests.support.redis_server import free_port
+from support.redis_server import free_port
 
 PORT = 8000
 

@@ -27,9 +27,8 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
     status_code_conformance,
 )
-
-from tests.support.fake_node import StallingPrefillNode
-from tests.support.redis_server import free_port
+from support.fake_node import StallingPrefillNode
+from support.redis_server import free_port
 
 pytestmark = pytest.mark.slow
 STARTUP_SECONDS = 180

@@ -26,12 +26,11 @@ from kvferry.transfer.kv_connector import (
     coalesce_block_runs,
     pool_description,
 )
+from support.block_sets import NUM_BLOCKS, fragmented
+from support.peer_process import PeerProcess
+from support.transfer_peer import block_digests, fill_random, make_pool
 
-from tests.support.block_sets import NUM_BLOCKS, fragmented
-from tests.support.peer_process import PeerProcess
-from tests.support.transfer_peer import block_digests, fill_random, make_pool
-
-pytest_plugins = ["tests.support.transfer_fixtures"]  # local_engine, peers
+pytest_plugins = ["support.transfer_fixtures"]  # local_engine, peers
 
 
 def test_coalescing_pairs_runs_contiguous_on_both_sides():

@@ -11,13 +11,12 @@ import time
 import pytest
 from kvferry.transfer import TransferTimeoutError
 from kvferry.transfer.kv_connector import DestinationHandle, KVReceiver, KVSender, coalesce_block_runs
+from support.block_sets import fragmented
+from support.transfer_peer import block_digests, fill_random
 
-from tests.support.block_sets import fragmented
-from tests.support.transfer_peer import block_digests, fill_random
+pytest_plugins = ["support.transfer_fixtures"]  # local_engine, peers
 
-pytest_plugins = ["tests.support.transfer_fixtures"]  # local_engine, peers
-
-FAULTY = "tests.support.faulty_transfer"
+FAULTY = "support.faulty_transfer"
 MAX_RETRIES = 2  # TransferConfig's default, which the peers run with
 BLOCKS = 40
 

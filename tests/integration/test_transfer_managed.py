@@ -15,11 +15,10 @@ from kvferry.engine import EngineArgs, LLMEngine, SamplingParams
 from kvferry.kvcache.kv_pool import KVPool
 from kvferry.transfer import TransferEngine, TransferRejectedError
 from kvferry.transfer.kv_connector import KVReceiver
+from support.block_sets import NUM_BLOCKS, fragmented
+from support.transfer_peer import block_digests, fill_random
 
-from tests.support.block_sets import NUM_BLOCKS, fragmented
-from tests.support.transfer_peer import block_digests, fill_random
-
-pytest_plugins = ["tests.support.transfer_fixtures", "tests.support.models"]  # local_engine, peers; tiny_models
+pytest_plugins = ["support.transfer_fixtures", "support.models"]  # local_engine, peers; tiny_models
 
 
 def shared_segment_holds(address: int) -> bool:

@@ -1,7 +1,7 @@
 """A real kvferry node whose engine fails on purpose, for fault tests only.
 
-    python -m tests.support.faulty_node --fail-when-running K decode --model ... (the usual node flags)
-    python -m tests.support.faulty_node --die-before-transfer prefill --model ...
+    python -m support.faulty_node --fail-when-running K decode --model ... (the usual node flags)
+    python -m support.faulty_node --die-before-transfer prefill --model ...
 
 --fail-when-running: the engine raises from the first step that would run with K or more requests in
 the batch, as a CUDA error or a kernel bug would. --die-before-transfer: a prefill node's process exits

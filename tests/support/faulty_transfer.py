@@ -1,6 +1,6 @@
-"""A real transfer peer (tests.support.transfer_peer) with one transfer fault patched in, for fault tests only.
+"""A real transfer peer (support.transfer_peer) with one transfer fault patched in, for fault tests only.
 
-    python -m tests.support.faulty_transfer --fail-puts K --name ... (the usual transfer_peer flags)
+    python -m support.faulty_transfer --fail-puts K --name ... (the usual transfer_peer flags)
 
 --fail-puts K: in each of the first K rounds of puts, UCX answers the second half of the round (at least
 one put) with the error pointer it returns for a put on a broken connection (UCS_ERR_CONNECTION_RESET).
@@ -24,8 +24,7 @@ from collections.abc import Sequence
 from kvferry.transfer import ucp_direct
 from kvferry.transfer.engine import TransferEngine
 from kvferry.transfer.protocol import ControlMessage
-
-from tests.support import transfer_peer
+from support import transfer_peer
 
 # UCX's status codes (ucs/type/status.h), as UCX itself reports these failures.
 UCS_ERR_CONNECTION_RESET = -25

@@ -1,4 +1,4 @@
-"""Start and drive a tests.support.transfer_peer process."""
+"""Start and drive a support.transfer_peer process."""
 
 from __future__ import annotations
 
@@ -9,15 +9,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+# The peer imports `support.*` from tests/, and only from there: -P keeps the checkout root (its cwd) off
+# its sys.path, where folders such as kernels/ would stand in for installed packages (tests/conftest.py).
+TESTS = Path(__file__).resolve().parents[1]
+REPO = TESTS.parent
 
 
 class PeerProcess:
-    def __init__(self, name: str, registry: str, module: str = "tests.support.transfer_peer", **options: object) -> None:
-        args = [sys.executable, "-m", module, "--name", name, "--registry", registry]
+    def __init__(self, name: str, registry: str, module: str = "support.transfer_peer", **options: object) -> None:
+        args = [sys.executable, "-P", "-m", module, "--name", name, "--registry", registry]
         for key, value in options.items():
             args += [f"--{key.replace('_', '-')}", str(value)]
-        env = {**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n"}
+        env = {**os.environ, "UCX_WARN_UNUSED_ENV_VARS": "n", "PYTHONPATH": str(TESTS)}
         self.process = subprocess.Popen(
             args, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=None if os.environ.get("KVFERRY_LOG_LEVEL") else subprocess.DEVNULL, text=True
         )

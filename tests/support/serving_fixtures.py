@@ -7,8 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from tests.support.disaggregated_cluster import DisaggregatedCluster
+from support.disaggregated_cluster import DisaggregatedCluster
 
 
 @pytest.fixture

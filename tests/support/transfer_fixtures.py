@@ -9,10 +9,9 @@ import pytest
 from kvferry.kvcache.kv_pool import KVPool
 from kvferry.transfer import TransferConfig, TransferEngine
 from kvferry.transfer.kv_connector import pool_description
-
-from tests.support.block_sets import NUM_BLOCKS
-from tests.support.peer_process import PeerProcess
-from tests.support.transfer_peer import make_pool
+from support.block_sets import NUM_BLOCKS
+from support.peer_process import PeerProcess
+from support.transfer_peer import make_pool
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """A transfer-engine peer in its own process, driven by JSON lines on stdin (one reply line each).
 
-    python -m tests.support.transfer_peer --name decode-0 --registry redis://... --dtype bfloat16
+    python -m support.transfer_peer --name decode-0 --registry redis://... --dtype bfloat16
 
 Commands: expect / wait / digest / send / fill / stats / quit. Tests kill it, stop it (SIGSTOP) and
 restart it to play the peer that dies, stalls or comes back.

@@ -3,8 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
-
-from kvferry import kernels
+from kvferry.kernels import dispatch as kernels
 
 
 def _paged_cache(lengths, num_kv_heads, head_dim, block_size, generator):

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from interpreted_kernels.cases import ATTENTION_TOLERANCE, DTYPES, paged_kv, poisoned, random_tensor
 from kvferry.kernels import reference
 from kvferry.kernels.triton_decode_attention import paged_decode_attention
 from kvferry.kernels.triton_prefill_attention import PrefillTiling, paged_prefill_attention
-
-from tests.kernels.cases import ATTENTION_TOLERANCE, DTYPES, paged_kv, poisoned, random_tensor
 
 # GQA ratios 1, 4, 8, each with head dims 64 and 128; 8 query heads throughout, so 8, 2 or 1 kv heads.
 SHAPES = [(1, 64), (1, 128), (4, 64), (4, 128), (8, 64), (8, 128)]

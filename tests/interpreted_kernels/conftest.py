@@ -3,7 +3,7 @@
 TRITON_INTERPRET is read when `@triton.jit` decorates a kernel, that is when a kernel module is first
 imported, so it has to be set for the whole process before that, and must not reach the other tests'
 processes. These tests therefore run in a process of their own, started with the variable set by
-tests/unit/test_triton_interpreter.py (or by hand: `TRITON_INTERPRET=1 python -m pytest tests/kernels`);
+tests/unit/test_triton_interpreter.py (or by hand: `TRITON_INTERPRET=1 python -m pytest tests/interpreted_kernels`);
 a pytest process without it collects nothing here.
 """
 

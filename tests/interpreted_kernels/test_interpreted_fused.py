@@ -6,15 +6,21 @@ from __future__ import annotations
 
 import pytest
 import torch
+from interpreted_kernels.cases import (
+    ATTENTION_TOLERANCE,
+    DTYPES,
+    paged_kv,
+    poisoned,
+    random_tensor,
+    strided_qkv,
+)
+from interpreted_kernels.test_interpreted_elementwise import LLAMA31_ROPE, TOLERANCE
 from kvferry.engine.model_config import RopeConfig
 from kvferry.engine.rope import cos_sin_cache
 from kvferry.kernels import reference
 from kvferry.kernels.triton_decode_attention import paged_decode_attention, split_counters
 from kvferry.kernels.triton_linear import gemv
 from kvferry.kernels.triton_rope import apply_rope_and_store_kv
-
-from tests.kernels.cases import ATTENTION_TOLERANCE, DTYPES, paged_kv, poisoned, random_tensor, strided_qkv
-from tests.kernels.test_interpreted_elementwise import LLAMA31_ROPE, TOLERANCE
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from interpreted_kernels.cases import DTYPES, poisoned, random_tensor, strided_qkv
 from kvferry.engine.model_config import RopeConfig
 from kvferry.engine.rope import cos_sin_cache
 from kvferry.kernels import reference
@@ -12,8 +13,6 @@ from kvferry.kernels.triton_activation import silu_and_mul
 from kvferry.kernels.triton_norm import head_rms_norm, rms_norm
 from kvferry.kernels.triton_rope import apply_rope
 from kvferry.kernels.triton_store_kv import store_kv
-
-from tests.kernels.cases import DTYPES, poisoned, random_tensor, strided_qkv
 
 # Same-dtype comparisons. The interpreter rounds float32 to bfloat16 toward zero (the GPU rounds to
 # nearest), so a bfloat16 result may sit a couple of ulps off the reference: relative to the inputs
