@@ -1,11 +1,21 @@
-"""A node's settings and their command-line flags. Kept apart from the runtime so that building the CLI
-parser loads neither torch nor UCX (an operator or router process never needs them)."""
+"""A node's settings and their command-line flags, over the cluster config (`--config`, the contract in
+kvferry/cluster_config.py) when there is one. Kept apart from the runtime so that building the CLI parser
+loads neither torch nor UCX (an operator or router process never needs them)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import ipaddress
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from kvferry.cluster_config import ClusterConfig
+
+# A registry inside the process: without a shared one no peer can look this node up, so KV blocks never
+# reach it from a prefill node and a decode node prefills every request itself.
+PROCESS_REGISTRY = "memory://"
 
 
 @dataclass(frozen=True)
@@ -13,43 +23,89 @@ class NodeConfig:
     role: str  # "prefill" or "decode"
     name: str
     model: str
-    registry: str  # redis://..., file:///folder
-    host: str = "127.0.0.1"
+    registry: str = PROCESS_REGISTRY  # redis://..., file:///folder
+    # The model's name in the API: it salts the block hashes, so it must be the router's (default the folder's).
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"  # where the HTTP server listens
     port: int = 8100
+    # Where the router and peers reach this node (a pod's IP); default `host`. Published as the node's URL.
+    advertise_host: str | None = None
     dtype: str = "auto"
     device: str = "auto"
     max_model_len: int | None = None
+    block_size: int = 16
     num_kv_blocks: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 2048
     gpu_memory_fraction: float = 0.9
     kv_cache_bytes: int | None = None
+    transfer_protocol: str = "ucx"
+    ucx_transports: tuple[str, ...] = ()  # UCX_TLS unless the environment sets it; empty: UCX chooses
     transfer_timeout_seconds: float = 2.0
     lease_seconds: float = 5.0
     # The shared secret every call to the internal API must bear; None: the internal API is open.
     # Kept out of repr, so that a logged config does not print it.
     cluster_token: str | None = field(default=None, repr=False)
 
+    def __post_init__(self) -> None:
+        host = self.advertise_host or self.host
+        if "$(" in host:
+            raise ValueError(f"advertised host {host!r} was never expanded: the pod lacks the variable it names")
+        if _is_unspecified(host):
+            raise ValueError(f"{host} listens on every address but reaches none: pass --advertise-host "
+                             "(the address the router and peers use, e.g. the pod's IP)")
+
+    @property
+    def url(self) -> str:
+        return node_url(self.advertise_host or self.host, self.port)
+
+
+def node_url(host: str, port: int) -> str:
+    """The URL a node publishes in its registry record. The router's Kubernetes discovery builds the same
+    from a pod's IP, and the router joins the two by URL: one function, so they cannot differ."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _is_unspecified(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:  # a host name
+        return False
+
 
 def add_node_arguments(parser: argparse.ArgumentParser, role: str) -> None:
-    parser.add_argument("--model", required=True, help="Hugging Face model folder")
-    parser.add_argument("--name", default=f"{role}-0", help="this node's name in the registry")
-    parser.add_argument("--registry", required=True, help="redis://host:port/db or file:///shared/folder")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8100)
-    parser.add_argument("--dtype", default="auto")
-    parser.add_argument("--device", default="auto", help="cpu, cuda or cuda:N (a prefill node on one GPU, decode on another)")
-    parser.add_argument("--max-num-seqs", type=int, default=64, help="requests in one batch")
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per step (the prefill chunk)")
+    # Flags default to None: a flag given overrides the cluster config, one left out leaves it (or
+    # NodeConfig's default) alone.
+    parser.add_argument("--config", default=None, help="the cluster config (the operator's cluster.json); flags win")
+    parser.add_argument("--model", default=None, help="Hugging Face model folder (default: the config's model.path)")
+    parser.add_argument("--served-model-name", default=None,
+                        help="the model's name in the API and the prefix-hash salt; must match the router's "
+                        "(default: the config's model.servedName, else the folder's name)")
+    parser.add_argument("--name", default=f"{role}-0", help="this node's name in the registry (default: %(default)s)")
+    parser.add_argument("--registry", default=None,
+                        help="redis://host:port/db or file:///shared/folder (default: the config's redis.url, else "
+                        "memory://: this process alone, so no peer can send this node KV)")
+    parser.add_argument("--host", default=None, help="address to listen on (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="port to listen on (default 8100)")
+    parser.add_argument("--advertise-host", default=None,
+                        help="address the router and peers reach this node at, in its published URL (default --host)")
+    parser.add_argument("--dtype", default=None, help="weights and KV cache type (default: the config's kvCache.dtype, else auto)")
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (a prefill node on one GPU, decode on another)")
+    parser.add_argument("--max-num-seqs", type=int, default=None, help="requests in one batch (default 64)")
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step, the prefill chunk (default 2048)")
     parser.add_argument(
-        "--gpu-memory-fraction", type=float, default=0.9,
-        help="share of the GPU this node may fill (two nodes on one GPU: e.g. 0.45 each)",
+        "--gpu-memory-fraction", type=float, default=None,
+        help="share of the GPU this node may fill (two nodes on one GPU: e.g. 0.45 each; default: the config's "
+        "kvCache.memoryFraction, else 0.9)",
     )
     parser.add_argument("--kv-cache-bytes", type=int, default=None, help="KV pool size (default: from the memory fraction on CUDA, 1 GiB on the CPU)")
+    parser.add_argument("--block-size", type=int, default=None, help="tokens per KV block (default: the config's kvCache.blockSize, else 16)")
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--num-kv-blocks", type=int, default=None)
-    parser.add_argument("--transfer-timeout", type=float, default=2.0, help="seconds before a KV transfer fails")
-    parser.add_argument("--lease", type=float, default=5.0, help="seconds a decode node holds blocks for KV to arrive")
+    parser.add_argument("--transfer-timeout", dest="transfer_timeout_seconds", type=float, default=None,
+                        help="seconds before a KV transfer fails (default 2)")
+    parser.add_argument("--lease", dest="lease_seconds", type=float, default=None,
+                        help="seconds a decode node holds blocks for KV to arrive (default 5)")
     parser.add_argument(
         "--cluster-token-file", default=None,
         help="file holding the token the internal API requires (a mounted Secret); default: env "
@@ -57,27 +113,43 @@ def add_node_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     )
 
 
+def _from_cluster_config(cluster: ClusterConfig) -> dict[str, Any]:
+    """What a node takes from the contract (kvferry/cluster_config.py lists who reads which field)."""
+    model, kv, transfer = cluster.model, cluster.kv_cache, cluster.transfer
+    settings: dict[str, Any] = {"model": model.path, "served_model_name": model.served_name}
+    settings |= {"block_size": kv.block_size, "gpu_memory_fraction": kv.memory_fraction, "dtype": kv.dtype}
+    settings |= {"transfer_protocol": transfer.protocol, "ucx_transports": transfer.ucx_transports}
+    if cluster.redis.url is not None:
+        settings["registry"] = cluster.redis.url
+    return settings
+
+
 def node_config_from(args: argparse.Namespace, role: str) -> NodeConfig:
-    # Imported here: the router's auth module loads FastAPI, which building the parser must not.
+    """The cluster config's settings, with every flag given on top. Raises ValueError (the cluster
+    config's errors name the file and the field)."""
+    # Imported here: the router's auth module loads FastAPI, and the contract pydantic, which building the
+    # parser must not.
+    from kvferry.cluster_config import load_cluster_config
     from kvferry.router.auth import cluster_token_from
 
-    return NodeConfig(
-        role=role, name=args.name, model=args.model, registry=args.registry, host=args.host, port=args.port,
-        dtype=args.dtype, device=args.device, max_model_len=args.max_model_len, num_kv_blocks=args.num_kv_blocks,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        gpu_memory_fraction=args.gpu_memory_fraction, kv_cache_bytes=args.kv_cache_bytes,
-        transfer_timeout_seconds=args.transfer_timeout, lease_seconds=args.lease,
-        cluster_token=cluster_token_from(args.cluster_token_file),
-    )
+    settings = _from_cluster_config(load_cluster_config(args.config)) if args.config else {}
+    flags = {f.name for f in dataclasses.fields(NodeConfig)} - {"role", "cluster_token"}
+    settings |= {name: value for name, value in vars(args).items() if name in flags and value is not None}
+    if "model" not in settings:
+        raise ValueError("a node needs a model: --model, or --config with the cluster config")
+    return NodeConfig(role=role, cluster_token=cluster_token_from(args.cluster_token_file), **settings)
 
 
-def transfer_environment(host: str) -> dict[str, str]:
-    """UCX settings that follow the address the node serves on. UCX's TCP transport listens on the address
-    of every network device it uses, all of them by default: a node bound to loopback keeps UCX on `lo`
-    too. Any other address leaves the choice to UCX (set UCX_NET_DEVICES to pick: RDMA devices are not
-    network interfaces, so no device list follows from an IP address)."""
+def transfer_environment(config: NodeConfig) -> dict[str, str]:
+    """UCX settings the node's config implies; an explicit UCX_* variable in the environment wins.
+
+    UCX_TLS follows `ucx_transports`. UCX's TCP transport listens on the address of every network device it
+    uses, all of them by default: a node bound to loopback keeps UCX on `lo` too. Any other address leaves
+    the choice to UCX (set UCX_NET_DEVICES to pick: RDMA devices are not network interfaces, so no device
+    list follows from an IP address)."""
+    environment = {"UCX_TLS": ",".join(config.ucx_transports)} if config.ucx_transports else {}
     try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        loopback = config.host == "localhost" or ipaddress.ip_address(config.host).is_loopback
     except ValueError:  # a host name
         loopback = False
-    return {"UCX_NET_DEVICES": "lo"} if loopback else {}
+    return environment | ({"UCX_NET_DEVICES": "lo"} if loopback else {})

@@ -32,8 +32,9 @@ OPEN_PATHS = PROBE_PATHS | {"/metrics", "/stats"}
 def engine_args_from(config: NodeConfig) -> EngineArgs:
     return EngineArgs(
         dtype=config.dtype, device=config.device, max_model_len=config.max_model_len, num_kv_blocks=config.num_kv_blocks,
-        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens, block_size=config.block_size,
         gpu_memory_fraction=config.gpu_memory_fraction, kv_cache_bytes=config.kv_cache_bytes,
+        served_model_name=config.served_model_name,
     )
 
 
@@ -48,7 +49,7 @@ class NodeRuntime:
     @classmethod
     def start(cls, config: NodeConfig) -> NodeRuntime:
         # Before UCX reads its settings; an explicit UCX_* variable wins.
-        for name, value in transfer_environment(config.host).items():
+        for name, value in transfer_environment(config).items():
             os.environ.setdefault(name, value)
         # A host KV pool lives in memory the transfer engine allocates (shared memory on one host): a peer on
         # the same host writes KV blocks into it with plain copies instead of a system call per 512 KiB.
@@ -59,7 +60,7 @@ class NodeRuntime:
         model = engine.served_model_name
         # The node registry record (docs/internals.md): who the node is; the reporter adds its load.
         transfer.initialize(
-            config.name, config.registry, "ucx", role=config.role, url=f"http://{config.host}:{config.port}",
+            config.name, config.registry, config.transfer_protocol, role=config.role, url=config.url,
             model=model, max_model_len=engine.max_model_len, epoch=time.time_ns(),
             pool=pool_description(model, engine.pool), **load_fields(engine), healthy=True,
         )

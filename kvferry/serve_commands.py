@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from kvferry.node_config import add_node_arguments, node_config_from
+
+if TYPE_CHECKING:
+    from kvferry.router.config import RouterConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +35,10 @@ def _serve_node(args: argparse.Namespace) -> int:
 
     from kvferry.node_runtime import NodeRuntime
 
-    config = node_config_from(args, args.role)
+    try:
+        config = node_config_from(args, args.role)
+    except (ValueError, OSError) as exc:
+        raise SystemExit(f"kvferry {args.role}: bad configuration: {exc}") from None
     runtime = NodeRuntime.start(config)
     if args.role == "prefill":
         from kvferry.prefill_node.server import create_app
@@ -46,7 +53,9 @@ def _serve_node(args: argparse.Namespace) -> int:
 
 
 def add_router_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=None, help="router YAML/JSON file (or the operator's cluster.json)")
+    parser.add_argument("--config", default=None, help="the cluster config (the operator's cluster.json)")
+    parser.add_argument("--router-config", default=None,
+                        help="router YAML/JSON file (policies, plugins, limits; docs/router.md), over --config")
     parser.add_argument("--model", default=None, help="the model folder (tokenizer, chat template, context length)")
     parser.add_argument("--served-model-name", default=None, help="the model's name in the API; default the folder's")
     parser.add_argument("--prefill", action="append", default=None, help="a prefill node URL; repeat for more; none: colocated")
@@ -55,7 +64,7 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--redis-url", default=None, help="Redis with the prefix index (and the node registry)")
     parser.add_argument("--registry", default=None, help="node registry URL (redis:// or file://); default --redis-url")
-    parser.add_argument("--policy", default=None, help="round_robin, least_load, prefix, default, or one from --config")
+    parser.add_argument("--policy", default=None, help="round_robin, least_load, prefix, default, or one from --router-config")
     parser.add_argument("--api-key", action="append", default=[], help="an accepted API key; repeat; env KVFERRY_API_KEYS")
     parser.add_argument("--cluster-token-file", default=None,
                         help="file holding the nodes' shared token, sent on every node call (default: env KVFERRY_CLUSTER_TOKEN)")
@@ -83,7 +92,7 @@ def _selector(text: str | None) -> dict[str, str] | None:
     return dict(pairs)  # type: ignore[arg-type]
 
 
-def router_config_from(args: argparse.Namespace):  # -> kvferry.router.config.RouterConfig (imported lazily)
+def router_config_from(args: argparse.Namespace) -> RouterConfig:
     from kvferry.router.auth import api_keys_from
     from kvferry.router.config import load_config
 
@@ -102,7 +111,7 @@ def router_config_from(args: argparse.Namespace):  # -> kvferry.router.config.Ro
         "discovery": {"mode": args.discovery, "prefill": args.prefill, "decode": args.decode, "namespace": args.namespace,
                       "selectors": selectors or None, "port": args.node_port, "kubeconfig": args.kubeconfig},
     }
-    config = load_config(args.config, overrides)
+    config = load_config(args.router_config, overrides, cluster_config=args.config)
     return config.model_copy(update={"api_keys": [*config.api_keys, *api_keys_from(args.api_key)]})
 
 

@@ -1,7 +1,9 @@
 """The optional operator-managed Redis that holds the prefix-cache index.
 
 It is a cache of hints (DESIGN.md §3), so one replica without persistence is enough: losing it costs
-cache misses, not wrong answers.
+cache misses, not wrong answers. It runs the cluster's own image unless the spec names a Redis image:
+the kvferry image has `redis-server`, and a cluster that can run its nodes can run it without pulling
+anything more.
 """
 
 from __future__ import annotations
@@ -13,7 +15,12 @@ from kvferry.operator.naming import ClusterRef, child_metadata, labels, selector
 from kvferry.operator.security import container_security_context, pod_security_context
 
 REDIS_PORT = 6379
-REDIS_UID = 999  # the redis user of the official image
+REDIS_UID = 999  # the redis user of the official image; any non-root user does in the kvferry image
+# `redis-server` by name: the kvferry image has no Redis entrypoint, and the official image's entrypoint only
+# prepends the same command. No snapshots: the index is rebuilt from the nodes' KV events. Protected mode
+# would refuse every client from another pod: this Redis has no password (it holds block hashes and node records).
+REDIS_COMMAND = ["redis-server"]
+REDIS_ARGS = ["--port", str(REDIS_PORT), "--protected-mode", "no", "--save", "", "--appendonly", "no"]
 
 
 def redis_url(ref: ClusterRef, spec: InferenceClusterSpec) -> str | None:
@@ -39,10 +46,10 @@ def build_redis_deployment(ref: ClusterRef, spec: InferenceClusterSpec) -> dict[
                     "containers": [
                         {
                             "name": "redis",
-                            "image": spec.redis.image,
+                            "image": spec.redis.image or spec.image,
                             "imagePullPolicy": spec.image_pull_policy,
-                            # No snapshots: the index is rebuilt from the nodes' KV events.
-                            "args": ["--save", "", "--appendonly", "no"],
+                            "command": REDIS_COMMAND,
+                            "args": REDIS_ARGS,
                             "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
                             "readinessProbe": probe,
                             "livenessProbe": probe,

@@ -1,8 +1,11 @@
 """Deployments of the prefill, decode and router roles.
 
-All three run the same image with `kvferry <role> --config /etc/kvferry/cluster.json`; the role spec adds
-replicas, resources and scheduling. The config hash annotation on the pod template turns a change of the
-cluster configuration (KV cache, transfer, Redis) into a rollout.
+All three run the same image with `kvferry <role> --config /etc/kvferry/cluster.json` (the contract in
+kvferry/cluster_config.py); the role spec adds replicas, resources and scheduling. What differs per pod
+comes from the downward API: a node is named after its pod and publishes its pod IP, so replicas register
+apart and the URL in a node's registry record is the one the router's Kubernetes discovery finds. The
+config hash annotation on the pod template turns a change of the cluster configuration (KV cache,
+transfer, Redis) into a rollout.
 """
 
 from __future__ import annotations
@@ -25,6 +28,12 @@ from kvferry.operator.security import container_security_context, pod_security_c
 ServingRole = Literal["prefill", "decode", "router"]
 API_KEY_ENV = "KVFERRY_API_KEY"
 CLUSTER_TOKEN_ENV = "KVFERRY_CLUSTER_TOKEN"  # what kvferry.router.auth.cluster_token_from reads, in every role
+POD_NAME_ENV = "POD_NAME"
+POD_IP_ENV = "POD_IP"
+# The image's torch is PyPI's CUDA build: a node that gets a GPU uses it. Kubernetes requires a limit for
+# such an extended resource (its request defaults to it), so a request alone is copied to the limit
+# rather than refused by the apiserver.
+GPU_RESOURCE = "nvidia.com/gpu"
 
 # Loading weights takes minutes on a large model; the startup probe holds liveness off until then.
 _STARTUP_PROBE = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 60}
@@ -32,18 +41,24 @@ _LIVENESS_PROBE = {"httpGet": {"path": "/health", "port": "http"}, "periodSecond
 _READINESS_PROBE = {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5, "failureThreshold": 2}
 
 
-def _downward_env() -> list[dict[str, Any]]:
-    # Nodes publish their own pod name and IP to the registry and to UCX.
-    fields = {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace", "POD_IP": "status.podIP"}
-    return [{"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}} for name, path in fields.items()]
+def _downward_env() -> dict[str, dict[str, Any]]:
+    # A node's name in the registry and the address it publishes: its args refer to these as $(POD_NAME)
+    # and $(POD_IP), which the kubelet expands.
+    fields = {POD_NAME_ENV: "metadata.name", POD_IP_ENV: "status.podIP"}
+    return {name: {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}} for name, path in fields.items()}
+
+
+def _args(role: ServingRole) -> list[str]:
+    args = [role, "--config", CONFIG_PATH, "--host", "0.0.0.0", "--port", str(NODE_PORT)]
+    if role != "router":
+        args += ["--name", f"$({POD_NAME_ENV})", "--advertise-host", f"$({POD_IP_ENV})"]
+    return args
 
 
 def _container_env(
     spec: InferenceClusterSpec, role: ServingRole, role_spec: RoleSpec
 ) -> list[dict[str, Any]]:
-    env = {var["name"]: var for var in _downward_env()}
-    if spec.transfer.protocol == "ucx" and spec.transfer.ucx_transports and role != "router":
-        env["UCX_TLS"] = {"name": "UCX_TLS", "value": ",".join(spec.transfer.ucx_transports)}
+    env = _downward_env() if role != "router" else {}
     if spec.auth_secret is not None and role == "router":
         secret_ref = {"name": spec.auth_secret.name, "key": spec.auth_secret.key}
         env[API_KEY_ENV] = {"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": secret_ref}}
@@ -57,6 +72,14 @@ def _container_env(
 
 def _env_var(var: EnvVar) -> dict[str, Any]:
     return var.model_dump(by_alias=True, exclude_none=True)
+
+
+def _resources(role_spec: RoleSpec) -> dict[str, Any]:
+    resources = role_spec.resources.model_dump(by_alias=True, exclude_defaults=True)
+    requests = resources.get("requests", {})
+    limits = {GPU_RESOURCE: requests[GPU_RESOURCE]} if GPU_RESOURCE in requests else {}
+    limits |= resources.get("limits", {})
+    return {**resources, "limits": limits} if limits else resources
 
 
 def _volumes(spec: InferenceClusterSpec, role: ServingRole, ref: ClusterRef) -> tuple[list[dict], list[dict]]:
@@ -106,10 +129,10 @@ def build_role_deployment(
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["kvferry"],
-        "args": [role, "--config", CONFIG_PATH, "--host", "0.0.0.0", "--port", str(NODE_PORT)],
+        "args": _args(role),
         "ports": [{"name": "http", "containerPort": NODE_PORT, "protocol": "TCP"}],
         "env": _container_env(spec, role, role_spec),
-        "resources": role_spec.resources.model_dump(by_alias=True, exclude_defaults=True),
+        "resources": _resources(role_spec),
         "startupProbe": _STARTUP_PROBE,
         "livenessProbe": _LIVENESS_PROBE,
         "readinessProbe": _READINESS_PROBE,

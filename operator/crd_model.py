@@ -25,8 +25,8 @@ from pydantic.alias_generators import to_camel
 
 from kvferry import __version__
 
-DEFAULT_IMAGE = f"ghcr.io/kvferry/kvferry:{__version__}"
-DEFAULT_REDIS_IMAGE = "redis:7.4-alpine"
+# What `make image` builds and imports into the node's container runtime: no registry needs to be reachable.
+DEFAULT_IMAGE = f"localhost/kvferry:{__version__}"
 DEFAULT_ROUTER_PORT = 8000
 MAX_REPLICAS = 1024
 
@@ -155,16 +155,21 @@ class KVCacheSpec(KubeModel):
         0.9,
         gt=0,
         le=1,
-        description="Fraction of accelerator memory (host memory on CPU) the node may use, weights included.",
+        description="Fraction of the GPU's memory a node may use, weights and activations included "
+        "(on a CPU the KV pool is 1 GiB).",
     )
     dtype: Literal["auto", "float16", "bfloat16", "float32"] = Field(
-        "auto", description="KV cache element type; auto follows the model's dtype."
+        "auto",
+        description="Element type of the KV cache, which is also the type nodes compute in; "
+        "auto: the checkpoint's type on a GPU, float32 on a CPU.",
     )
 
 
 class TransferSpec(KubeModel):
-    protocol: Literal["ucx", "tcp"] = Field(
-        "ucx", description="How prefill nodes send KV blocks to decode nodes: UCX, or plain TCP."
+    protocol: Literal["ucx"] = Field(
+        "ucx",
+        description="How prefill nodes send KV blocks to decode nodes: UCX, which picks shared memory, "
+        "CMA, TCP, RDMA or CUDA IPC by itself.",
     )
     ucx_transports: tuple[UcxTransport, ...] = Field(
         (),
@@ -188,7 +193,12 @@ class RedisSpec(KubeModel):
         None, description="URL of an existing Redis for the prefix-cache index, e.g. redis://redis:6379/0."
     )
     managed: bool = Field(False, description="Let the operator run a Redis Deployment and Service.")
-    image: str = Field(DEFAULT_REDIS_IMAGE, min_length=1, description="Image of the managed Redis.")
+    image: str | None = Field(
+        None,
+        min_length=1,
+        description="Image of the managed Redis, run as `redis-server`; empty: the cluster's own image, "
+        "which has it (nothing to pull from a registry).",
+    )
 
     @model_validator(mode="after")
     def _one_redis(self) -> RedisSpec:
@@ -224,7 +234,8 @@ class InferenceClusterSpec(KubeModel):
     transfer: TransferSpec = nested(TransferSpec, "KV block transfer from prefill to decode nodes.")
     redis: RedisSpec = nested(
         RedisSpec,
-        "Redis for the shared prefix-cache index; with neither url nor managed, routing has no index.",
+        "Redis for the shared prefix-cache index and the node registry; with neither url nor managed, "
+        "routing has no index and KV blocks cannot move between pods (decode nodes prefill locally).",
     )
     auth_secret: SecretKeyRef | None = Field(
         None, description="Secret holding the API key clients must send; without it the router is open."

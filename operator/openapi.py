@@ -64,6 +64,8 @@ def _convert(node: dict[str, Any], definitions: dict[str, Any]) -> dict[str, Any
                 result[key] = _convert(value, definitions)
             # False (extra="forbid") is the apiserver's behaviour already: unknown fields are pruned, or
             # rejected with --validate=strict; apiextensions/v1 forbids writing it down.
+        elif key == "const":
+            result["enum"] = [value]  # a one-value Literal; OpenAPI 3.0 has no const
         elif key in ("exclusiveMinimum", "exclusiveMaximum"):
             bound = "minimum" if key == "exclusiveMinimum" else "maximum"
             result[bound] = value

@@ -1,7 +1,6 @@
-"""The router's settings: a YAML (or JSON) file, `--config`, with flags on top.
-
-The file may be the operator's cluster.json (`model`, `redis`, `discovery` sections in camelCase; the
-node-only sections are accepted and ignored) or a router file in snake_case; see docs/router.md.
+"""The router's settings, in three layers: the cluster config (`--config`, the operator's cluster.json: the
+contract in kvferry/cluster_config.py), a router file (`--router-config`, YAML or JSON in snake_case:
+policies, plugins, limits) over it, and flags over both; see docs/router.md.
 """
 
 from __future__ import annotations
@@ -12,12 +11,12 @@ from typing import Any, Literal
 import yaml
 from kvferry.router.scheduling.policies import POLICIES, Policy
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+
+from kvferry.cluster_config import ClusterConfig, load_cluster_config
 
 
 class _Section(BaseModel):
-    # Both spellings: snake_case in router files, camelCase in the operator's cluster.json.
-    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel, populate_by_name=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 class ModelSection(_Section):
@@ -74,11 +73,6 @@ class RouterConfig(_Section):
     # How long the router counts a prompt's blocks as cached on the node it sent them to, before the node's
     # own index entries take over (router/scheduling/routing_history.py); 0 turns the history off.
     routing_history_seconds: float = Field(30.0, ge=0)
-    # Read by the nodes from the operator's cluster.json, not by the router.
-    cluster: str | None = None
-    namespace: str | None = None
-    kv_cache: dict[str, Any] | None = None
-    transfer: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _known_policy(self) -> RouterConfig:
@@ -115,29 +109,27 @@ def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def load_config(path: str | Path | None, overrides: dict[str, Any]) -> RouterConfig:
-    """The file (if any) with `overrides` (flags, snake_case) on top."""
-    document: dict[str, Any] = {}
+def _from_cluster_config(cluster: ClusterConfig) -> dict[str, Any]:
+    """What the router takes from the contract (kvferry/cluster_config.py lists who reads which field): the
+    model and its served name (the nodes salt their block hashes with the same), Redis, and where the
+    operator's node pods are."""
+    model, discovery = cluster.model, cluster.discovery
+    return {
+        "model": {"path": model.path, "served_name": model.served_name},
+        "redis": {"url": cluster.redis.url},
+        "discovery": {"mode": "kubernetes", "namespace": discovery.namespace, "port": discovery.port,
+                      "selectors": discovery.selectors},
+    }
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any], cluster_config: str | Path | None = None) -> RouterConfig:
+    """The cluster config (if any), the router file `path` (if any) over it, and `overrides` (flags, None
+    where not given) over both. Raises ValueError: a pydantic ValidationError for a bad setting, a
+    ClusterConfigError naming the cluster config's file and field."""
+    document = _from_cluster_config(load_cluster_config(cluster_config)) if cluster_config is not None else {}
     if path is not None:
-        document = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(document, dict):
+        router_file = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(router_file, dict):
             raise ValueError(f"{path}: the router config must be a mapping")
-        document = _snake_case_keys(document)
+        document = merge(document, router_file)
     return RouterConfig.model_validate(merge(document, overrides))
-
-
-def _snake_case_keys(document: dict[str, Any]) -> dict[str, Any]:
-    # Flags are merged in snake_case; file sections written in camelCase must meet them under one key.
-    # Only the sections' own keys are converted: label selectors and plugin options stay as written.
-    sections = {"model", "redis", "discovery"}
-    converted: dict[str, Any] = {}
-    for key, value in document.items():
-        name = _to_snake(key)
-        if name in sections and isinstance(value, dict):
-            value = {_to_snake(k): v for k, v in value.items()}
-        converted[name] = value
-    return converted
-
-
-def _to_snake(name: str) -> str:
-    return "".join(f"_{c.lower()}" if c.isupper() else c for c in name)

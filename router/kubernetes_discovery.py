@@ -17,6 +17,8 @@ from kvferry.operator.naming import ROLE_LABEL
 from kvferry.router.config import DiscoverySection
 from kvferry.router.nodes import Endpoint, Role
 
+from kvferry.node_config import node_url
+
 log = logging.getLogger(__name__)
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 WATCH_SECONDS = 30  # a watch is re-opened this often, so a stop is noticed and a lost one recovers
@@ -73,7 +75,7 @@ class KubernetesDiscovery:
     def _apply(self, role: Role, pod: Any) -> None:
         with self._lock:
             if pod_is_serving(pod):
-                self._pods[role][pod.metadata.name] = f"http://{pod.status.pod_ip}:{self.port}"
+                self._pods[role][pod.metadata.name] = node_url(pod.status.pod_ip, self.port)
             else:
                 self._pods[role].pop(pod.metadata.name, None)
 

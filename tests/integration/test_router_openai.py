@@ -113,9 +113,9 @@ def cluster(tiny_models, redis_url, tmp_path_factory, stalling_prefill) -> Itera
         "router": ["--prefill", urls["prefill-0"], "--prefill", urls["prefill-1"], *nodes, "--redis-url", redis_url],
         "colocated": [*nodes, "--redis-url", redis_url, "--policy", "least_load"],
         "dead_prefill": ["--prefill", f"http://127.0.0.1:{dead_port}", *nodes],
-        "guarded": [*nodes, "--api-key", API_KEY, "--config", str(plugins)],
+        "guarded": [*nodes, "--api-key", API_KEY, "--router-config", str(plugins)],
         "schema": [*nodes, "--max-model-len", "48", "--redis-url", redis_url],
-        "stalled": ["--prefill", stalling_prefill.url, *nodes, "--config", str(short_prefill)],
+        "stalled": ["--prefill", stalling_prefill.url, *nodes, "--router-config", str(short_prefill)],
     }
     for name, args in routers.items():
         urls[name] = f"http://127.0.0.1:{free_port()}"

@@ -7,7 +7,7 @@ import argparse
 import pytest
 from kvferry.engine.devices import resolve_device
 
-from kvferry.node_config import add_node_arguments, node_config_from, transfer_environment
+from kvferry.node_config import NodeConfig, add_node_arguments, node_config_from, transfer_environment
 from kvferry.node_runtime import engine_args_from
 
 
@@ -66,4 +66,29 @@ def test_cluster_token_comes_from_its_file_or_the_environment(tmp_path, monkeypa
      ("localhost", {"UCX_NET_DEVICES": "lo"}), ("0.0.0.0", {}), ("10.1.2.3", {}), ("node-0.svc", {})],
 )
 def test_a_loopback_node_keeps_ucx_on_loopback(host, environment):
-    assert transfer_environment(host) == environment
+    config = NodeConfig("decode", "d", "/m", host=host, advertise_host="10.1.2.3")
+    assert transfer_environment(config) == environment
+
+
+def test_ucx_transports_become_ucx_tls():
+    config = NodeConfig("decode", "d", "/m", host="0.0.0.0", advertise_host="10.1.2.3", ucx_transports=("tcp", "sm"))
+    assert transfer_environment(config) == {"UCX_TLS": "tcp,sm"}
+
+
+def test_the_published_url_is_the_advertised_address():
+    assert _config("decode", "--port", "9000").url == "http://127.0.0.1:9000"
+    assert _config("decode", "--host", "0.0.0.0", "--advertise-host", "10.244.0.7").url == "http://10.244.0.7:8100"
+    assert _config("decode", "--host", "::", "--advertise-host", "fd00::7").url == "http://[fd00::7]:8100"
+    # Listening everywhere names no address to publish; a pod whose IP variable is missing is refused too.
+    with pytest.raises(ValueError, match="--advertise-host"):
+        _config("decode", "--host", "0.0.0.0")
+    with pytest.raises(ValueError, match="never expanded"):
+        _config("decode", "--host", "0.0.0.0", "--advertise-host", "$(POD_IP)")
+
+
+def test_a_node_needs_a_model_and_falls_back_to_a_process_registry():
+    parser = argparse.ArgumentParser()
+    add_node_arguments(parser, "decode")
+    with pytest.raises(ValueError, match="needs a model"):
+        node_config_from(parser.parse_args([]), "decode")
+    assert node_config_from(parser.parse_args(["--model", "/m"]), "decode").registry == "memory://"

@@ -104,15 +104,13 @@ def test_prefill_deployment() -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     c = container(deployment)
     assert c["image"] == "registry.local/kvferry:1.2"
-    assert [c["command"], c["args"]] == [
-        ["kvferry"],
-        ["prefill", "--config", "/etc/kvferry/cluster.json", "--host", "0.0.0.0", "--port", "8000"],
-    ]
+    # What the command means is tests/unit/test_cluster_contract.py's business: it runs the real parser.
+    assert c["command"] == ["kvferry"] and c["args"][0] == "prefill"
     assert c["resources"] == {"limits": {"nvidia.com/gpu": 1, "memory": "40Gi"}}
     env = {var["name"]: var for var in c["env"]}
-    assert list(env) == ["POD_NAME", "POD_NAMESPACE", "POD_IP", "UCX_TLS", "EXTRA"]
+    assert list(env) == ["POD_NAME", "POD_IP", "EXTRA"]
+    assert env["POD_NAME"] == {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     assert env["POD_IP"] == {"name": "POD_IP", "value": "overridden"}
-    assert env["UCX_TLS"] == {"name": "UCX_TLS", "value": "cuda_ipc,rc"}
     assert c["securityContext"] == SECURE_CONTAINER
     assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "http"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
@@ -141,7 +139,7 @@ def test_router_deployment_uses_its_service_account_and_api_key_secret() -> None
         "name": "KVFERRY_API_KEY",
         "valueFrom": {"secretKeyRef": {"name": "api-keys", "key": "api-key"}},
     }
-    assert "UCX_TLS" not in env
+    assert "POD_IP" not in env  # the router publishes nothing about itself
     assert "/dev/shm" not in {m["mountPath"] for m in c["volumeMounts"]}
 
 
@@ -182,6 +180,16 @@ def test_a_users_env_var_overrides_the_cluster_token_by_name() -> None:
     assert [var for var in env if var["name"] == "KVFERRY_CLUSTER_TOKEN"] == [own]
 
 
+def test_a_gpu_request_alone_becomes_the_limit_kubernetes_requires() -> None:
+    s = spec(decode={"resources": {"requests": {"nvidia.com/gpu": 2, "cpu": "250m"}, "limits": {"memory": "8Gi"}}})
+    assert container(build_role_deployment(REF, s, "decode", "h"))["resources"] == {
+        "requests": {"nvidia.com/gpu": 2, "cpu": "250m"},
+        "limits": {"nvidia.com/gpu": 2, "memory": "8Gi"},
+    }
+    cpu_only = spec(decode={"resources": {"requests": {"cpu": "250m"}}})
+    assert container(build_role_deployment(REF, cpu_only, "decode", "h"))["resources"] == {"requests": {"cpu": "250m"}}
+
+
 def test_image_path_source_mounts_no_model_volume() -> None:
     s = parse_spec({"model": {"source": "/opt/models/tiny", "servedName": "tiny"}})
     pod = build_role_deployment(REF, s, "decode", "h")["spec"]["template"]["spec"]
@@ -192,6 +200,7 @@ def test_config_map_carries_the_cluster_configuration() -> None:
     config_map = build_config_map(REF, spec(redis={"managed": True}, kvCache={"blockSize": 32}))
     assert config_map["metadata"]["name"] == "demo-config"
     document = json.loads(config_map["data"]["cluster.json"])
+    assert sorted(document) == ["discovery", "kvCache", "model", "redis", "transfer"]
     assert document["model"] == {"path": "/models/tiny", "servedName": "tiny"}
     assert document["kvCache"] == {"blockSize": 32, "memoryFraction": 0.9, "dtype": "auto"}
     assert document["transfer"] == {"protocol": "ucx", "ucxTransports": []}
@@ -211,7 +220,7 @@ def test_config_map_carries_the_cluster_configuration() -> None:
     [
         ({"kvCache": {"blockSize": 32}}, True),
         ({"kvCache": {"memoryFraction": 0.5}}, True),
-        ({"transfer": {"protocol": "tcp"}}, True),
+        ({"transfer": {"ucxTransports": ["tcp"]}}, True),
         ({"redis": {"managed": True}}, True),
         ({"prefill": {"replicas": 5}}, False),
         ({"image": "other:tag"}, False),  # the image is in the template itself
@@ -267,8 +276,15 @@ def test_redis() -> None:
     deployment = build_redis_deployment(REF, s)
     c = container(deployment)
     assert c["image"] == "redis:7"
+    assert c["command"] == ["redis-server"] and c["args"][c["args"].index("--protected-mode") + 1] == "no"
     assert c["securityContext"] == SECURE_CONTAINER
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 999
     assert build_redis_service(REF)["spec"]["ports"] == [
         {"name": "redis", "port": 6379, "targetPort": "redis"}
     ]
+
+
+def test_managed_redis_runs_from_the_clusters_image_by_default() -> None:
+    # Where no registry is reachable, the image the nodes run is the one image there is.
+    s = spec(image="localhost/kvferry:0.1.0", redis={"managed": True})
+    assert container(build_redis_deployment(REF, s))["image"] == "localhost/kvferry:0.1.0"

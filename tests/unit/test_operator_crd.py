@@ -83,7 +83,7 @@ def test_every_field_has_a_description() -> None:
         (".kvCache.blockSize", {"enum": [8, 16, 32, 64, 128], "default": 16}),
         (".kvCache.memoryFraction", {"minimum": 0, "exclusiveMinimum": True, "maximum": 1, "default": 0.9}),
         (".kvCache.dtype", {"enum": ["auto", "float16", "bfloat16", "float32"], "default": "auto"}),
-        (".transfer.protocol", {"enum": ["ucx", "tcp"], "default": "ucx"}),
+        (".transfer.protocol", {"enum": ["ucx"], "default": "ucx"}),
         (".router.serviceType", {"enum": ["ClusterIP", "LoadBalancer"], "default": "ClusterIP"}),
         (".router.port", {"minimum": 1, "maximum": 65535}),
         (".model.source", {"minLength": 1, "type": "string"}),

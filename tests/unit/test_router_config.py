@@ -3,8 +3,6 @@ custom policies, and mistakes refused at start-up."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import yaml
 from kvferry.operator.build_config import build_cluster_config
@@ -16,15 +14,26 @@ from pydantic import ValidationError
 
 def test_the_operators_cluster_json_configures_model_redis_and_kubernetes_discovery(tmp_path):
     spec = parse_spec({"model": {"source": "pvc://weights/tiny", "servedName": "tiny"}, "redis": {"url": "redis://r:6379/0"}})
-    document = build_cluster_config(ClusterRef("demo", "serving", "uid-1"), spec)
+    cluster = build_cluster_config(ClusterRef("demo", "serving", "uid-1"), spec)
     path = tmp_path / "cluster.json"
-    path.write_text(json.dumps(document))
-    config = load_config(path, {"policy": "prefix"})
-    assert config.served_model_name == "tiny" and config.model.path == document["model"]["path"]
+    path.write_text(cluster.to_json())
+    config = load_config(None, {"policy": "prefix"}, cluster_config=path)
+    assert config.served_model_name == "tiny" and config.model.path == cluster.model.path
     assert config.redis.url == "redis://r:6379/0" and config.registry_url == "redis://r:6379/0"
     assert config.discovery.mode == "kubernetes" and config.discovery.namespace == "serving"
     assert config.discovery.selectors["decode"] == {"kvferry.dev/cluster": "demo", "kvferry.dev/role": "decode"}
     assert config.resolve_policy().name == "prefix"
+
+
+def test_a_router_file_goes_over_the_cluster_config_and_flags_over_both(tmp_path):
+    spec = parse_spec({"model": {"source": "/models/tiny", "servedName": "tiny"}})
+    cluster = tmp_path / "cluster.json"
+    cluster.write_text(build_cluster_config(ClusterRef("demo", "serving", "uid-1"), spec).to_json())
+    router_file = tmp_path / "router.yaml"
+    router_file.write_text(yaml.safe_dump({"max_inflight": 8, "discovery": {"port": 9000}}))
+    config = load_config(router_file, {"discovery": {"namespace": "elsewhere"}}, cluster_config=cluster)
+    assert (config.max_inflight, config.discovery.port, config.discovery.namespace) == (8, 9000, "elsewhere")
+    assert config.discovery.mode == "kubernetes" and config.served_model_name == "tiny"
 
 
 def test_flags_override_the_file_and_unset_flags_leave_it(tmp_path):
