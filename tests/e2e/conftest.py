@@ -43,6 +43,13 @@ def cluster(kube: ControlPlane, kube_namespace: str) -> Cluster:
         lambda: kube.kubectl("explain", "inferencecluster.spec", check=False).returncode == 0,
         timeout=60,
     )
+    # A new CRD's storage answers 429 "storage is (re)initializing" for a moment; an operator started then
+    # logs kopf's (right) retry of its first list as an error, which the tests count as trouble.
+    wait_until(
+        "the CRD's storage to serve lists",
+        lambda: kube.kubectl("get", "inferenceclusters", f"--namespace={kube_namespace}", check=False).returncode == 0,
+        timeout=60,
+    )
     return Cluster(kube, kube_namespace)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from typing import Any
 
@@ -52,7 +53,7 @@ def assert_left_alone_across_resyncs(cluster: Cluster, operator: OperatorProcess
     Call it only once the status reflects every child (a child turning Ready is a real change, and its
     write is right). The resyncs are counted from now, so a loaded machine only makes the wait longer.
     """
-    version = cluster.get("inferencecluster", NAME)["metadata"]["resourceVersion"]
+    before = cluster.get("inferencecluster", NAME)
     done = f"resynced {cluster.namespace}/{NAME}"
     resyncs = operator.log().count(done)
     cluster.wait(
@@ -60,8 +61,23 @@ def assert_left_alone_across_resyncs(cluster: Cluster, operator: OperatorProcess
         lambda: operator.log().count(done) >= resyncs + periods,
         periods * TEST_RESYNC_S + 30,
     )
-    assert cluster.get("inferencecluster", NAME)["metadata"]["resourceVersion"] == version
+    after = cluster.get("inferencecluster", NAME)
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"], _written(before, after)
     assert operator.troubles() == []
+
+
+def _written(before: dict, after: dict) -> str:
+    """What a write changed, and who wrote it (managedFields), for the assertion's message."""
+    changed = {
+        key: (before.get(key), after.get(key))
+        for key in ("status", "spec")
+        if before.get(key) != after.get(key)
+    }
+    annotations = (before["metadata"].get("annotations"), after["metadata"].get("annotations"))
+    if annotations[0] != annotations[1]:
+        changed["annotations"] = annotations
+    managers = [(f.get("manager"), f.get("operation"), f.get("time")) for f in after["metadata"].get("managedFields", [])]
+    return f"the settled object was written again: {json.dumps(changed, indent=1)}\nmanagers: {managers}"
 
 
 def test_example_becomes_ready_with_expected_children(cluster: Cluster, start_operator) -> None:
