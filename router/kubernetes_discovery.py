@@ -3,7 +3,11 @@ labels them: `kvferry.dev/cluster`, `kvferry.dev/role`), watched. A pod counts o
 Ready with an IP, and stops counting when it is not Ready or is being deleted.
 
 The kubernetes client is synchronous: each role's list-then-watch loop runs in a thread of its own,
-and `endpoints()` reads what the threads keep up to date.
+and `endpoints()` reads what the threads keep up to date. A watch resumes from the last resourceVersion
+it saw (an event's, or a BOOKMARK's: bookmarks are asked for, so a quiet watch still moves on and its
+version does not expire); only a failure lists again: a 410 Gone (the version expired), an ERROR event,
+a lost connection. Lists in a row back off, doubling up to a bound, so an apiserver that keeps failing
+is not hammered.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from kvferry.node_config import node_url
 log = logging.getLogger(__name__)
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 WATCH_SECONDS = 30  # a watch is re-opened this often, so a stop is noticed and a lost one recovers
-RETRY_SECONDS = 1.0
+FIRST_RELIST_SECONDS = 0.5
+MAX_RELIST_SECONDS = 30.0
+HTTP_GONE = 410
 
 
 def pod_is_serving(pod: Any) -> bool:
@@ -37,8 +43,11 @@ def label_selector(labels: dict[str, str]) -> str:
 
 
 class KubernetesDiscovery:
-    def __init__(self, api: Any, namespace: str, selectors: dict[Role, dict[str, str]], port: int) -> None:
+    def __init__(
+        self, api: Any, namespace: str, selectors: dict[Role, dict[str, str]], port: int, watch_seconds: int = WATCH_SECONDS
+    ) -> None:
         self.api, self.namespace, self.selectors, self.port = api, namespace, selectors, port
+        self.watch_seconds = watch_seconds
         self._pods: dict[Role, dict[str, str]] = {role: {} for role in selectors}  # role -> pod name -> URL
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -72,43 +81,64 @@ class KubernetesDiscovery:
     def stop(self) -> None:
         self._stopping.set()
 
-    def _apply(self, role: Role, pod: Any) -> None:
-        with self._lock:
-            if pod_is_serving(pod):
-                self._pods[role][pod.metadata.name] = node_url(pod.status.pod_ip, self.port)
-            else:
-                self._pods[role].pop(pod.metadata.name, None)
+    def _url(self, pod: Any) -> str | None:
+        return node_url(pod.status.pod_ip, self.port) if pod_is_serving(pod) else None
 
-    def _watch_role(self, role: Role) -> None:
+    def _apply(self, role: Role, pod: Any, deleted: bool) -> None:
+        url = None if deleted else self._url(pod)
+        with self._lock:
+            if url is None:
+                self._pods[role].pop(pod.metadata.name, None)
+            else:
+                self._pods[role][pod.metadata.name] = url
+
+    def _list(self, role: Role, selector: str) -> str:
+        """Every pod of the role, replacing what the watch had seen; the version to watch from."""
+        listed = self.api.list_namespaced_pod(self.namespace, label_selector=selector)
+        pods = {pod.metadata.name: url for pod in listed.items if (url := self._url(pod)) is not None}
+        with self._lock:
+            self._pods[role] = pods
+        return str(listed.metadata.resource_version)
+
+    def _watch(self, role: Role, selector: str, version: str) -> str:
+        """One watch from `version` until the apiserver ends it; the last version seen, to resume from."""
         from kubernetes import watch
         from kubernetes.client.exceptions import ApiException
 
+        stream = watch.Watch().stream(
+            self.api.list_namespaced_pod, self.namespace, label_selector=selector, resource_version=version,
+            timeout_seconds=self.watch_seconds, allow_watch_bookmarks=True,
+        )
+        for event in stream:
+            kind, raw = event["type"], event["raw_object"]  # raw_object: the dict every event type has
+            if kind == "ERROR":  # a Status, e.g. 410 Gone once the version has expired
+                raise ApiException(status=raw.get("code"), reason=raw.get("message"))
+            version = raw["metadata"]["resourceVersion"]
+            if kind == "BOOKMARK":  # an object with nothing but its resourceVersion: not a pod
+                log.debug("watching %s pods: bookmark at %s", role, version)
+            else:
+                self._apply(role, event["object"], deleted=kind == "DELETED")
+            if self._stopping.is_set():
+                break
+        return version
+
+    def _watch_role(self, role: Role) -> None:
+        from kubernetes.client.exceptions import ApiException
+
         selector = label_selector(self.selectors[role])
+        relists = 0  # lists since a watch last ran to its end: each waits twice as long as the one before
         while not self._stopping.is_set():
             try:
-                listed = self.api.list_namespaced_pod(self.namespace, label_selector=selector)
-                with self._lock:
-                    self._pods[role] = {}
-                for pod in listed.items:
-                    self._apply(role, pod)
-                version = listed.metadata.resource_version
+                version = self._list(role, selector)
                 while not self._stopping.is_set():
-                    stream = watch.Watch().stream(
-                        self.api.list_namespaced_pod, self.namespace, label_selector=selector,
-                        resource_version=version, timeout_seconds=WATCH_SECONDS, allow_watch_bookmarks=True,
-                    )
-                    for event in stream:
-                        pod = event["object"]
-                        version = pod.metadata.resource_version
-                        if event["type"] == "DELETED":
-                            with self._lock:
-                                self._pods[role].pop(pod.metadata.name, None)
-                        elif event["type"] in ("ADDED", "MODIFIED"):
-                            self._apply(role, pod)
-                        if self._stopping.is_set():
-                            return
-            except ApiException as exc:  # 410 Gone (an old resource version) and the rest: list again
-                log.warning("watching %s pods (%s) failed: %s; listing again", role, selector, exc.reason)
+                    version = self._watch(role, selector, version)
+                    relists = 0
+            except ApiException as exc:
+                if exc.status == HTTP_GONE:
+                    log.info("watching %s pods (%s): version expired; listing again", role, selector)
+                else:
+                    log.warning("watching %s pods (%s) failed: %s %s; listing again", role, selector, exc.status, exc.reason)
             except Exception as exc:  # noqa: BLE001 - the API server restarting must not end discovery
                 log.warning("watching %s pods (%s) failed: %r; listing again", role, selector, exc)
-            self._stopping.wait(RETRY_SECONDS)
+            self._stopping.wait(min(MAX_RELIST_SECONDS, FIRST_RELIST_SECONDS * 2**relists))
+            relists += 1

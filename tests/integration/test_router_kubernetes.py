@@ -1,20 +1,48 @@
 """Kubernetes discovery against the real kube-apiserver (tests/cluster/): pods labelled as the operator
 labels prefill and decode pods become endpoints once Running and Ready (kwok reports them so), and
-drop out when deleted; pods of another cluster are never seen."""
+drop out when deleted; pods of another cluster are never seen. Watches ask for bookmarks and resume
+from the last resourceVersion, and lists in a row back off."""
 
 from __future__ import annotations
 
 import json
+import logging
 import subprocess
 import sys
 import time
+from itertools import pairwise
 
 import httpx
+from kubernetes import client, config
+from kubernetes.client import V1PodList
 from kvferry.router.config import DiscoverySection
 from kvferry.router.kubernetes_discovery import KubernetesDiscovery
 from support.redis_server import free_port
 
 PORT = 8000
+SELECTORS = {role: {"kvferry.dev/cluster": "c1", "kvferry.dev/role": role} for role in ("prefill", "decode")}
+
+
+class RecordingCoreV1Api(client.CoreV1Api):
+    """The real API, recording each call discovery makes of it: (time, list or watch, resourceVersion)."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        super().__init__(api_client)
+        self.calls: list[tuple[float, str, str | None]] = []
+
+    # The watch helper deserializes events into the type this annotation names.
+    def list_namespaced_pod(self, namespace: str, **kwargs) -> V1PodList:
+        kind = "watch" if kwargs.get("watch") else "list"
+        self.calls.append((time.monotonic(), kind, kwargs.get("resource_version")))
+        return super().list_namespaced_pod(namespace, **kwargs)
+
+    def count(self, kind: str) -> int:
+        return sum(k == kind for _, k, _ in self.calls)
+
+
+def recording_discovery(kube, namespace: str) -> tuple[KubernetesDiscovery, RecordingCoreV1Api]:
+    api = RecordingCoreV1Api(config.new_client_from_config(config_file=kube.kubeconfig))
+    return KubernetesDiscovery(api, namespace, SELECTORS, PORT, watch_seconds=5), api
 
 
 def pod(name: str, cluster: str, role: str) -> dict:
@@ -93,3 +121,47 @@ def test_the_router_command_discovers_pods_by_the_selectors_it_is_given(kube, ku
     finally:
         router.terminate()
         router.wait(timeout=15)
+
+
+def apply_pods(kube, namespace: str, *pods: dict) -> None:
+    kube.kubectl(f"--namespace={namespace}", "apply", "-f", "-",
+                 input=json.dumps({"apiVersion": "v1", "kind": "List", "items": list(pods)}))
+
+
+def wait_until(condition, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_watches_take_bookmarks_and_resume_without_listing_again(kube, kube_namespace, caplog):
+    caplog.set_level(logging.DEBUG, logger="kvferry.router.kubernetes_discovery")
+    discovery, api = recording_discovery(kube, kube_namespace)
+    discovery.start()
+    try:
+        apply_pods(kube, kube_namespace, pod("c1-prefill-a", "c1", "prefill"), pod("c1-decode-a", "c1", "decode"))
+        wait_for(discovery, {"prefill": 1, "decode": 1})
+        # Watches of 5 s end and re-open, and the apiserver sends a bookmark (a dict, not a pod) 2 s before each ends.
+        wait_until(lambda: "bookmark at" in caplog.text and api.count("watch") >= 6, "bookmarks over several watches")
+        apply_pods(kube, kube_namespace, pod("c1-decode-b", "c1", "decode"))
+        wait_for(discovery, {"prefill": 1, "decode": 2})
+    finally:
+        discovery.stop()
+    assert api.count("list") == 2, api.calls  # one per role: every later watch resumed from a version
+    assert all(version is not None for _, kind, version in api.calls if kind == "watch"), api.calls
+    assert "listing again" not in caplog.text
+
+
+def test_lists_in_a_row_back_off(tmp_path):
+    # Nothing listens at this address: every list fails at once, and each retry waits twice as long.
+    api = RecordingCoreV1Api(client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{free_port()}")))
+    discovery = KubernetesDiscovery(api, "default", {"decode": SELECTORS["decode"]}, PORT)
+    discovery.start()
+    try:
+        wait_until(lambda: api.count("list") >= 4, "four lists", timeout=20)
+    finally:
+        discovery.stop()
+    times = [t for t, _, _ in api.calls]
+    gaps = [later - earlier for earlier, later in pairwise(times)]
+    assert gaps[0] >= 0.4 and all(later > 1.6 * earlier for earlier, later in pairwise(gaps[:4])), gaps
