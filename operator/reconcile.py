@@ -64,12 +64,14 @@ def read_children(kube: Kube, ref: ClusterRef, spec: InferenceClusterSpec | None
 def write_status(
     kube: Kube,
     ref: ClusterRef,
-    compute: Callable[[dict[str, Any]], dict[str, Any]],
+    compute: Callable[[dict[str, Any]], dict[str, Any] | None],
 ) -> None:
     """Read the parent, compute its status, write it only if the parent did not change meanwhile.
 
     The resourceVersion in the patch makes the write conditional, so a slow writer holding an old view
     (say a child event racing a reconcile) retries on fresh data instead of overwriting newer status.
+    Every decision is made on the parent read in the same attempt: `compute` returns None to leave
+    that parent's status alone.
     """
     for _ in range(STATUS_WRITE_ATTEMPTS):
         parent = kube.get(API_VERSION, KIND, ref.namespace, ref.name)
@@ -80,7 +82,7 @@ def write_status(
         ):
             return
         status = compute(parent)
-        if _unchanged(status, parent.get("status") or {}):
+        if status is None or _unchanged(status, parent.get("status") or {}):
             return
         patch = {"metadata": {"resourceVersion": parent["metadata"]["resourceVersion"]}, "status": status}
         try:
@@ -160,14 +162,24 @@ def refresh_status(kube: Kube, namespace: str, name: str) -> None:
     parent = kube.get(API_VERSION, KIND, namespace, name)
     if parent is None:
         return
+    ref = ClusterRef.from_body(parent)
+    write_status(kube, ref, lambda fresh: _refreshed_status(kube, ref, fresh))
+
+
+def _refreshed_status(kube: Kube, ref: ClusterRef, parent: dict[str, Any]) -> dict[str, Any] | None:
+    """The status a child's change gives this parent; None leaves it to the reconcile.
+
+    Decided on the parent of the write attempt, not on an earlier read: a child event that read the parent
+    before a reconcile wrote ApplyFailed would otherwise write a problem-free status over it, and the next
+    resync would write ApplyFailed again (a settled object rewritten, seen as status churn in the e2e test).
+    """
     if _reconcile_problem_stands(parent):
-        return
+        return None
     try:
         spec = parse_spec(parent.get("spec"))
     except InvalidSpec:
-        return  # the reconcile of this generation reports it
-    ref = ClusterRef.from_body(parent)
-    write_status(kube, ref, _status_computer(kube, ref, spec, None, None))
+        return None  # the reconcile of this generation reports it
+    return _status_computer(kube, ref, spec, None, None)(parent)
 
 
 def _reconcile_problem_stands(parent: Mapping[str, Any]) -> bool:

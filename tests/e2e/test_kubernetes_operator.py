@@ -9,6 +9,9 @@ from typing import Any
 import yaml
 from e2e.example_cluster import CHILD_KINDS, EXAMPLE, EXPECTED_CHILDREN, NAME, SELECTOR, example
 from e2e.kube_cluster import TEST_RESYNC_S, Cluster, OperatorProcess
+from kvferry.operator.connection import load_configuration
+from kvferry.operator.kube import Kube
+from kvferry.operator.reconcile import ReconcileSettings, reconcile, refresh_status
 
 HANDLED = "kvferry.dev/last-handled-configuration"
 
@@ -271,3 +274,33 @@ def test_child_the_apiserver_refuses_is_degraded_without_retrying(cluster: Clust
     )
     assert_left_alone_across_resyncs(cluster, operator)
     assert cluster.status(NAME)["phase"] == "Degraded"
+
+
+class StaleFirstRead(Kube):
+    """The operator's real client, except that its first read of the InferenceCluster returns an older
+    copy: a child event that read the parent just before a reconcile wrote its status (a fault, named so)."""
+
+    def __init__(self, configuration: Any, stale: dict[str, Any]) -> None:
+        super().__init__(configuration)
+        self._stale: dict[str, Any] | None = stale
+
+    def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        if kind == "InferenceCluster" and self._stale is not None:
+            stale, self._stale = self._stale, None
+            return stale
+        return super().get(api_version, kind, namespace, name)
+
+
+def test_a_child_event_that_read_the_parent_before_a_reconcile_leaves_its_problem_standing(cluster: Cluster) -> None:
+    manifest = example()
+    manifest["spec"]["prefill"]["nodeSelector"] = {"not a label key!": "x"}  # refused by the apiserver
+    cluster.apply(manifest)
+    before_reconcile = cluster.get("inferencecluster", NAME)
+    configuration = load_configuration(cluster.kube.kubeconfig)
+    reconcile(Kube(configuration), before_reconcile, ReconcileSettings())
+    degraded = cluster.get("inferencecluster", NAME)
+    assert degraded["status"]["phase"] == "Degraded"
+
+    refresh_status(StaleFirstRead(configuration, before_reconcile), cluster.namespace, NAME)
+    after = cluster.get("inferencecluster", NAME)
+    assert after["metadata"]["resourceVersion"] == degraded["metadata"]["resourceVersion"], _written(degraded, after)
