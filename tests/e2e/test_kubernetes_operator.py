@@ -101,16 +101,15 @@ def test_example_becomes_ready_with_expected_children(cluster: Cluster, start_op
 
     prefill = cluster.get("deployment", f"{NAME}-prefill")
     container = container_of(prefill)
-    assert container["image"] == "ghcr.io/kvferry/kvferry:0.1.0"
+    assert container["image"] == "localhost/kvferry:0.1.0"
     assert container["args"][:3] == ["prefill", "--config", "/etc/kvferry/cluster.json"]
-    assert container["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
+    assert container["resources"] == {"requests": {"cpu": "250m", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
     assert container["securityContext"] == {
         "runAsNonRoot": True,
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
         "capabilities": {"drop": ["ALL"]},
     }
-    assert {"name": "UCX_TLS", "value": "tcp,sm,self"} in container["env"]
     volumes = {v["name"]: v for v in prefill["spec"]["template"]["spec"]["volumes"]}
     assert volumes["model"]["hostPath"] == {"path": "/var/lib/kvferry/models/tiny-llama", "type": "Directory"}
     assert cluster.get("service", f"{NAME}-prefill")["spec"]["clusterIP"] == "None"
@@ -127,6 +126,7 @@ def test_example_becomes_ready_with_expected_children(cluster: Cluster, start_op
     config = yaml.safe_load(cluster.get("configmap", f"{NAME}-config")["data"]["cluster.json"])
     assert config["redis"]["url"] == f"redis://{NAME}-redis.{cluster.namespace}.svc:6379/0"
     assert config["model"]["path"] == "/models"
+    assert config["transfer"]["ucxTransports"] == ["tcp", "sm", "self"]  # the nodes' UCX_TLS
 
     for role in ("prefill", "decode", "router"):
         assert len(ready_pods(cluster, role)) == 1, f"{role} pods not Running+Ready through kwok"
