@@ -28,7 +28,7 @@ def test_explain_prints_field_descriptions(cluster: Cluster) -> None:
     assert "Number of pods of this role." in out
     assert "CPU, memory and accelerator requests and limits per pod." in out
     kv = cluster.kube.kubectl("explain", "inferencecluster.spec.kvCache.memoryFraction").stdout
-    assert "Fraction of accelerator memory" in kv
+    assert "Fraction of the GPU's memory" in kv
 
 
 def test_printer_columns_and_short_name(cluster: Cluster) -> None:
