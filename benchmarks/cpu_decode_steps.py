@@ -5,7 +5,7 @@ matmul paths take turns batch by batch in one process (`kernels/cpu_linear.PACKE
 sends every call to F.linear). CPU time of the process, not wall time: other jobs on a shared machine
 stretch wall time far more. Writes `benchmarks/results/cpu_decode_steps.json`.
 
-    .venv/bin/python benchmarks/cpu_decode_steps.py [--rounds 2]
+    .venv/bin/python -m benchmarks.cpu_decode_steps [--rounds 2]
 """
 
 from __future__ import annotations
@@ -17,9 +17,10 @@ import statistics
 import time
 
 import torch
-from common import cached_model, environment, print_table, write_results
 from kvferry.engine import LLM, SamplingParams
 from kvferry.kernels import cpu_linear
+
+from benchmarks.common import cached_model, environment, print_table, write_results
 
 BATCHES = (1, 2, 3, 4, 8)
 PROMPT_TOKENS = 512

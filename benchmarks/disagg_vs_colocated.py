@@ -10,27 +10,25 @@ the slower setup's unloaded TPOT (the TTFT SLO a larger multiple of its unloaded
 are fractions of one core's prefill capacity (1 / unloaded TTFT). One cluster is up at a time, a fresh one
 for each run, in ABBA order.
 
-    .venv/bin/python benchmarks/disagg_vs_colocated.py           # -> benchmarks/results/disagg_vs_colocated.json
-    .venv/bin/python benchmarks/disagg_vs_colocated.py --quick   # tiny model, a few requests: a smoke run
+    .venv/bin/python -m benchmarks.disagg_vs_colocated           # -> benchmarks/results/disagg_vs_colocated.json
+    .venv/bin/python -m benchmarks.disagg_vs_colocated --quick   # tiny model, a few requests: a smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cached_model, environment, print_table, write_results  # noqa: E402
-from kvferry.engine.tokenizer import ModelTokenizer  # noqa: E402
-from serving_cluster import NodeSpec, ServingCluster, counter_total, offer  # noqa: E402
+from kvferry.engine.tokenizer import ModelTokenizer
 
-from kvferry.loadgen.client import Endpoint  # noqa: E402
-from kvferry.loadgen.datasets import RandomSpec, TokenWords, random_requests  # noqa: E402
-from kvferry.loadgen.metrics import Slo, summarize  # noqa: E402
-from kvferry.loadgen.runner import LoadShape, RunResult  # noqa: E402
+from benchmarks.common import cached_model, environment, print_table, write_results
+from benchmarks.serving_cluster import NodeSpec, ServingCluster, counter_total, offer
+from kvferry.loadgen.client import Endpoint
+from kvferry.loadgen.datasets import RandomSpec, TokenWords, random_requests
+from kvferry.loadgen.metrics import Slo, summarize
+from kvferry.loadgen.runner import LoadShape, RunResult
 
 FALLBACKS = "kvferry:local_prefill_fallbacks"  # the router's count of requests a decode node prefilled itself
 PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "disagg_vs_colocated.png"

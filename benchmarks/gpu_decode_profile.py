@@ -1,7 +1,7 @@
 """Where a decode step's GPU time goes: kernel time by kind (matmuls, attention, norms, ...) beside the
 time of the step's CUDA graph replay, at batch 1, 64 and 256.
 
-    python benchmarks/gpu_decode_profile.py --model DIR --out DIR   # on a CUDA machine
+    python -m benchmarks.gpu_decode_profile --model DIR --out DIR   # on a CUDA machine
 
 Each batch size first serves real requests (8 new tokens each), so the graph buffers hold a real step;
 that step is then replayed (timed with events) and run once eagerly under the profiler. The prompts are
@@ -14,18 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from collections import defaultdict
 from pathlib import Path
 
 import torch
+from kvferry.engine import LLMEngine
+from kvferry.engine.engine_args import EngineArgs
+
+from benchmarks.gpu_serving import graph_replay_ms, prompts, run_kvferry_case
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-from gpu_serving import graph_replay_ms, prompts, run_kvferry_case  # noqa: E402
-from kvferry.engine import LLMEngine  # noqa: E402
-from kvferry.engine.engine_args import EngineArgs  # noqa: E402
 
 KINDS = (("matmul", ("gemm", "gemv", "cutlass", "nvjet", "sm90", "cublas")), ("attention", ("_decode_",)),
          ("norm", ("_rms_norm",)), ("rope + kv store", ("_rope", "_store_kv")), ("silu-mul", ("silu",)))  # fmt: skip

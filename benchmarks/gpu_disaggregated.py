@@ -1,6 +1,6 @@
 """Disaggregated against colocated serving on one GPU, at engine level: TTFT, TPOT and the transfer's share.
 
-    python benchmarks/gpu_disaggregated.py --model DIR --out DIR   # on a CUDA machine, ucxx installed
+    python -m benchmarks.gpu_disaggregated --model DIR --out DIR   # on a CUDA machine, ucxx installed
 
 Two processes share the card, each with its own KV pool: this one prefills (LLMEngine + TransferEngine +
 KVSender), a child decodes (LLMEngine + TransferEngine + KVReceiver), and the prompt's KV moves between
@@ -19,15 +19,12 @@ import json
 import multiprocessing
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 if TYPE_CHECKING:
     from kvferry.engine.engine_args import EngineArgs

@@ -1,6 +1,6 @@
 """Probe: a Triton GEMV against cuBLAS (F.linear) for the batch-1 decode matmuls of the 8B shape.
 
-    python benchmarks/gpu_gemv_probe.py    # on a CUDA machine; prints a table, writes nothing
+    python -m benchmarks.gpu_gemv_probe    # on a CUDA machine; prints a table, writes nothing
 
 Each shape is timed as CUDA-graph replays over enough weight copies (>= 1 GiB) that nothing is served
 from L2, as in a decode step where every weight is read once. GB/s counts the weight bytes read.

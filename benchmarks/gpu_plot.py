@@ -1,7 +1,7 @@
 """Plot benchmarks/results/gpu_serving.json: output tokens/s against concurrency for kvferry, its roofline
 and transformers, one panel per case.
 
-    python benchmarks/gpu_plot.py   # writes benchmarks/results/gpu_serving.png
+    python -m benchmarks.gpu_plot   # writes benchmarks/results/gpu_serving.png
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -1,6 +1,6 @@
 """GPU serving on one card: kvferry's engine against transformers `generate` and against the roofline.
 
-    python benchmarks/gpu_serving.py --out DIR    # on a CUDA machine; writes DIR/gpu_serving.json
+    python -m benchmarks.gpu_serving --out DIR    # on a CUDA machine; writes DIR/gpu_serving.json
 
 In one run: the card's copy bandwidth and bf16 matmul rate; a Llama-3.1-8B-shaped random bf16 checkpoint
 drawn on the GPU and written to local disk (`make-model --size 8b-shape`, no weights travel); kvferry's
@@ -21,20 +21,18 @@ import os
 import random
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import torch
+from kvferry.engine import LLMEngine, SamplingParams
+from kvferry.engine.engine_args import EngineArgs
+from kvferry.engine.make_model import make_model
+
+from benchmarks.common import environment
+from benchmarks.gpu_roofline import Roofline, copy_bandwidth, matmul_rate, model_cost
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-from common import environment  # noqa: E402
-from gpu_roofline import Roofline, copy_bandwidth, matmul_rate, model_cost  # noqa: E402
-from kvferry.engine import LLMEngine, SamplingParams  # noqa: E402
-from kvferry.engine.engine_args import EngineArgs  # noqa: E402
-from kvferry.engine.make_model import make_model  # noqa: E402
 
 CASES = {"128-in/128-out": (128, 128), "1024-in/128-out": (1024, 128), "128-in/1024-out": (128, 1024)}
 CONCURRENCY = (1, 8, 64, 256)

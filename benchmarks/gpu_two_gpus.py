@@ -1,8 +1,8 @@
 """Disaggregated serving on two GPUs (issue [9]): prefill on one card, decode on the other, in one run.
 
-    python benchmarks/gpu_two_gpus.py --devices cuda:0,cuda:1 --out DIR   # 2 GPUs, ucxx installed (docs/two_gpus.md)
-    python benchmarks/gpu_two_gpus.py --devices cuda:0,cuda:0             # one GPU: two processes share it
-    python benchmarks/gpu_two_gpus.py --devices cpu,cpu --quick --out DIR # the same code path on the CPU, tiny model
+    python -m benchmarks.gpu_two_gpus --devices cuda:0,cuda:1 --out DIR   # 2 GPUs, ucxx installed (docs/two_gpus.md)
+    python -m benchmarks.gpu_two_gpus --devices cuda:0,cuda:0             # one GPU: two processes share it
+    python -m benchmarks.gpu_two_gpus --devices cpu,cpu --quick --out DIR # the same code path on the CPU, tiny model
 
 Sections (--sections picks some; each is merged into DIR/gpu_two_gpus.json as it finishes):
 - link: a torch copy_ from the first device to the second (the limit: bytes over the median time of several,
@@ -28,7 +28,6 @@ import multiprocessing
 import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,12 +39,13 @@ import torch
 # memory and NVSHMEM read these when they start (nothing here starts them); every child process inherits them.
 os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-from common import cached_model, environment, print_table  # noqa: E402
-from disagg_vs_colocated import FALLBACKS, row, unloaded  # noqa: E402
-from gpu_disaggregated import (  # noqa: E402
+from kvferry.engine.devices import make_current, resolve_device
+from kvferry.engine.engine_args import EngineArgs
+from kvferry.engine.tokenizer import ModelTokenizer
+
+from benchmarks.common import cached_model, environment, print_table
+from benchmarks.disagg_vs_colocated import FALLBACKS, row, unloaded
+from benchmarks.gpu_disaggregated import (
     DECODE_PEER,
     MODEL_NAME,
     colocated_request,
@@ -53,18 +53,14 @@ from gpu_disaggregated import (  # noqa: E402
     disaggregated_request,
     summarize,
 )
-from kvferry.engine.devices import make_current, resolve_device  # noqa: E402
-from kvferry.engine.engine_args import EngineArgs  # noqa: E402
-from kvferry.engine.tokenizer import ModelTokenizer  # noqa: E402
-from serving_cluster import NODE_ARGS, NodeSpec, ServingCluster, counter_total, offer  # noqa: E402
-from transfer_cuda import SHAPE  # noqa: E402
+from benchmarks.serving_cluster import NODE_ARGS, NodeSpec, ServingCluster, counter_total, offer
+from benchmarks.transfer_cuda import SHAPE
+from kvferry.loadgen.client import Endpoint
+from kvferry.loadgen.datasets import RandomSpec, TokenWords, random_requests
+from kvferry.loadgen.metrics import Slo
+from kvferry.loadgen.runner import LoadShape
 
-from kvferry.loadgen.client import Endpoint  # noqa: E402
-from kvferry.loadgen.datasets import RandomSpec, TokenWords, random_requests  # noqa: E402
-from kvferry.loadgen.metrics import Slo  # noqa: E402
-from kvferry.loadgen.runner import LoadShape  # noqa: E402
-from tests.support.peer_process import PeerProcess  # noqa: E402
-from tests.support.transfer_peer import block_digests, make_pool  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 SECTIONS = ("link", "ttft", "serving")
 GPU_MODEL = Path("/tmp/kvferry-llama-8b-shape")  # where tests/gpu/run.sh keeps the 8B-shaped checkpoint too
@@ -160,6 +156,11 @@ def peer_copy(src_device: str, dst_device: str, nbytes: int, runs: int) -> dict[
 
 def link(args: argparse.Namespace) -> dict[str, object]:
     """For each prompt length, its KV (contiguous blocks) over UCX from a pool here into a peer process's pool."""
+    # The transfer peer is the tests' own (tests/support/), found because benchmarks run from the checkout
+    # root; imported here so that the module loads where `tests` is not importable (the unit tests).
+    from tests.support.peer_process import PeerProcess
+    from tests.support.transfer_peer import block_digests, make_pool
+
     prefill_device, decode_device = args.devices
     shape = {"num_layers": 4, "kv_heads": 4, "head_dim": 64} if args.quick else SHAPE
     lengths = [int(n) for n in args.lengths.split(",")]

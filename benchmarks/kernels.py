@@ -7,10 +7,10 @@ same data; prefill attention TFLOP/s beside SDPA's flash backend. Times are medi
 CUDA-graph replays with the L2 cleared before each. Bytes are the fewest a kernel must move: K and V of every context
 token once, the query, the output, the block tables.
 
-    python benchmarks/kernels.py                 # the full table, written to benchmarks/results/kernels.json
-    python benchmarks/kernels.py --tune          # also sweep tilings and split counts at a few shapes
-    python benchmarks/kernels.py --quick         # tiny shapes: a smoke run of the script itself
-    python benchmarks/kernels.py --markdown      # the tables of an existing kernels.json, for docs/benchmarks.md
+    python -m benchmarks.kernels                 # the full table, written to benchmarks/results/kernels.json
+    python -m benchmarks.kernels --tune          # also sweep tilings and split counts at a few shapes
+    python -m benchmarks.kernels --quick         # tiny shapes: a smoke run of the script itself
+    python -m benchmarks.kernels --markdown      # the tables of an existing kernels.json, for docs/benchmarks.md
 """
 
 from __future__ import annotations
@@ -25,13 +25,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from kvferry.kernels.triton_decode_attention import DecodeTiling, paged_decode_attention
+from kvferry.kernels.triton_prefill_attention import PrefillTiling, paged_prefill_attention
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, print_table  # noqa: E402
-from kvferry.kernels.triton_decode_attention import DecodeTiling, paged_decode_attention  # noqa: E402
-from kvferry.kernels.triton_prefill_attention import PrefillTiling, paged_prefill_attention  # noqa: E402
+from benchmarks.common import RESULTS, print_table
 
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, DTYPE = 32, 8, 128, 16, torch.bfloat16
 DECODE_BATCHES = (1, 16, 64, 256)

@@ -5,8 +5,8 @@ other, on the same prompts. Throughput counts the tokens each request asked for 
 the whole padded batch to the longest request, which is the cost of static batching). EOS is ignored on
 both sides so every request produces exactly its max_tokens.
 
-    .venv/bin/python benchmarks/offline_throughput.py            # both cases
-    .venv/bin/python benchmarks/offline_throughput.py --quick    # a smoke run with 8 prompts
+    .venv/bin/python -m benchmarks.offline_throughput            # both cases
+    .venv/bin/python -m benchmarks.offline_throughput --quick    # a smoke run with 8 prompts
 """
 
 from __future__ import annotations
@@ -15,13 +15,11 @@ import argparse
 import random
 import sys
 import time
-from pathlib import Path
 
 import torch
+from kvferry.engine import LLM, SamplingParams
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cached_model, environment, print_table, write_results  # noqa: E402
-from kvferry.engine import LLM, SamplingParams  # noqa: E402
+from benchmarks.common import cached_model, environment, print_table, write_results
 
 
 def make_case(name: str, count: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:

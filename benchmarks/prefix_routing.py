@@ -14,8 +14,8 @@ prompt tokens they looked up (their Prometheus counters, read before and after e
 Part 2, overhead: the tiny model on one decode node; 64 concurrent streams sent through a colocated
 router, and straight to the decode node's own generate call, in alternating rounds: p50 TTFT and ITL.
 
-    .venv/bin/python benchmarks/prefix_routing.py           # -> benchmarks/results/prefix_routing.json
-    .venv/bin/python benchmarks/prefix_routing.py --quick   # tiny model, a few requests: a smoke run
+    .venv/bin/python -m benchmarks.prefix_routing           # -> benchmarks/results/prefix_routing.json
+    .venv/bin/python -m benchmarks.prefix_routing --quick   # tiny model, a few requests: a smoke run
 """
 
 from __future__ import annotations
@@ -25,18 +25,16 @@ import json
 import math
 import os
 import statistics
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cached_model, environment, print_table, write_results  # noqa: E402
-from kvferry.engine.tokenizer import ModelTokenizer  # noqa: E402
-from serving_cluster import NodeSpec, RouterSpec, ServingCluster, counter_total, offer  # noqa: E402
+from kvferry.engine.tokenizer import ModelTokenizer
 
-from kvferry.loadgen.client import Endpoint  # noqa: E402
-from kvferry.loadgen.datasets import (  # noqa: E402
+from benchmarks.common import cached_model, environment, print_table, write_results
+from benchmarks.serving_cluster import NodeSpec, RouterSpec, ServingCluster, counter_total, offer
+from kvferry.loadgen.client import Endpoint
+from kvferry.loadgen.datasets import (
     RandomSpec,
     SharedPrefixSpec,
     TokenWords,
@@ -44,8 +42,8 @@ from kvferry.loadgen.datasets import (  # noqa: E402
     shared_prefix_requests,
     with_token_ids,
 )
-from kvferry.loadgen.metrics import Slo, summarize  # noqa: E402
-from kvferry.loadgen.runner import LoadShape, RunResult  # noqa: E402
+from kvferry.loadgen.metrics import Slo, summarize
+from kvferry.loadgen.runner import LoadShape, RunResult
 
 PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "prefix_routing.png"
 RESULTS_FILE = Path(__file__).resolve().parent / "results" / "prefix_routing.json"

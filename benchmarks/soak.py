@@ -16,8 +16,8 @@ apart and keeps each metric's smallest reading: counts are taken between request
 requests, the connection pool or a health probe hold at that instant does not pass for growth, and what a
 leak leaves behind does. The load pauses for that (about 8 s of every 30 s; the JSON says how long).
 
-    .venv/bin/python benchmarks/soak.py           # 10 min -> benchmarks/results/soak.json, docs/img/soak.png
-    .venv/bin/python benchmarks/soak.py --quick   # 60 s smoke run, results under the temp folder
+    .venv/bin/python -m benchmarks.soak           # 10 min -> benchmarks/results/soak.json, docs/img/soak.png
+    .venv/bin/python -m benchmarks.soak --quick   # 60 s smoke run, results under the temp folder
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import tempfile
 import time
 from collections import Counter
@@ -39,13 +38,19 @@ import aiohttp
 import httpx
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import cached_model, environment, write_results  # noqa: E402
-from serving_cluster import NodeSpec, RouterSpec, ServingCluster, wait_until_ready  # noqa: E402
-from soak_sampling import METRICS, TASKS_GAUGE, ProcessReading, gauge_value, growth, proc_usage, quietest  # noqa: E402
-
-from kvferry.loadgen.client import Endpoint, client_session, request_body, send_request  # noqa: E402
-from kvferry.loadgen.datasets import BenchRequest, RandomSpec, TokenWords, random_requests  # noqa: E402
+from benchmarks.common import cached_model, environment, write_results
+from benchmarks.serving_cluster import NodeSpec, RouterSpec, ServingCluster, wait_until_ready
+from benchmarks.soak_sampling import (
+    METRICS,
+    TASKS_GAUGE,
+    ProcessReading,
+    gauge_value,
+    growth,
+    proc_usage,
+    quietest,
+)
+from kvferry.loadgen.client import Endpoint, client_session, request_body, send_request
+from kvferry.loadgen.datasets import BenchRequest, RandomSpec, TokenWords, random_requests
 
 PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "soak.png"
 MODE_CYCLE = ("stream", "plain", "stream", "stream", "plain", "stream", "stream", "plain", "stream", "leave")

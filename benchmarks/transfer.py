@@ -17,9 +17,9 @@ then a checksum of the destination against the expected image, then timed batche
 TTFT is kvferry's engine prefilling the prompt and producing one token; transfer is kvferry's
 TransferEngine moving that prompt's KV blocks between two processes, coalesced as the KV connector does.
 
-    .venv/bin/python benchmarks/transfer.py                  # both parts, writes benchmarks/results/transfer.json
-    .venv/bin/python benchmarks/transfer.py --quick          # a smoke run: 2 sizes, 8 MiB batches, no file
-    .venv/bin/python benchmarks/transfer.py --part bandwidth --wait-load 2.5
+    .venv/bin/python -m benchmarks.transfer                  # both parts, writes benchmarks/results/transfer.json
+    .venv/bin/python -m benchmarks.transfer --quick          # a smoke run: 2 sizes, 8 MiB batches, no file
+    .venv/bin/python -m benchmarks.transfer --part bandwidth --wait-load 2.5
 """
 
 from __future__ import annotations
@@ -44,15 +44,13 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.common import RESULTS, cached_model, environment, print_table, write_results
+from benchmarks.transfer_peers.workload import Batch, digest, expected_image, source_bytes
+from kvferry.redis_server import RedisServer
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE / "transfer_peers"))
-from common import RESULTS, cached_model, environment, print_table, write_results  # noqa: E402
-from workload import Batch, digest, expected_image, source_bytes  # noqa: E402
 
-from kvferry.redis_server import RedisServer  # noqa: E402
-
-PEER = HERE / "transfer_peers" / "peer.py"
+PEER = "benchmarks.transfer_peers.peer"
 MiB = 1 << 20
 KiB = 1 << 10
 BLOCK_SIZES = (16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB)
@@ -86,7 +84,7 @@ class PeerError(RuntimeError):
 # ---- peer processes ---------------------------------------------------------------------------------
 @dataclass
 class Peer:
-    """A peer process (transfer_peers/peer.py) and the two pipes that drive it."""
+    """A peer process (benchmarks.transfer_peers.peer) and the two pipes that drive it."""
 
     process: subprocess.Popen[bytes]
     commands: Any
@@ -100,7 +98,11 @@ class Peer:
         reply_read, reply_write = os.pipe()
         # UCX prints the protocol and transports each endpoint picked; read back from the log afterwards.
         env = {"UCX_PROTO_INFO": "y", **env, **os.environ}  # what the caller exported wins
-        argv = [sys.executable, str(PEER), "--system", system, "--role", role, "--name", f"{system}-{role}",
+        # The peer is a module of this checkout's benchmarks package. -P keeps the working directory off its
+        # sys.path, so a PYTHONPATH that transfer_ab.py points at another tree provides kvferry (and that
+        # tree's benchmarks package, where it has one); this checkout comes after it.
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [env.get("PYTHONPATH"), str(HERE.parent)]))
+        argv = [sys.executable, "-P", "-m", PEER, "--system", system, "--role", role, "--name", f"{system}-{role}",
                 "--buffer-bytes", str(buffer_bytes), "--cmd-fd", str(cmd_read), "--reply-fd", str(reply_write),
                 "--registry", registry]  # fmt: skip
         with log.open("wb") as sink:
@@ -612,7 +614,7 @@ def environment_info(registry: Registry) -> dict[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="bench-transfer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.transfer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", choices=("all", "bandwidth", "ttft"), default="all")
     parser.add_argument("--systems", default=",".join(ENGINES), help="comma-separated subset of " + ",".join(ENGINES))
     parser.add_argument("--block-sizes", default=",".join(str(b) for b in BLOCK_SIZES), help="bytes, comma-separated")

@@ -6,10 +6,11 @@ settings), all pairs alive side by side. Every round measures every variant at e
 order reversed on odd rounds; the load moves within a round less than between separate runs, so the
 per-round ratio to the first variant is the number to read. CPU per batch (writer + target, from
 /proc) is barely moved by other jobs at all. Do not put NIXL beside these: its idle progress threads
-spin and take the cores the variants share.
+spin and take the cores the variants share. A variant's tree provides kvferry and, from the revision that
+made benchmarks a package on, the peer's code too (an older tree runs this checkout's peer).
 
-    .venv/bin/python benchmarks/transfer_ab.py --variant before=HEAD~2 --variant now=. --rounds 4
-    .venv/bin/python benchmarks/transfer_ab.py --variant now=. --variant seg2m=.:UCX_CMA_SEG_SIZE=2M
+    .venv/bin/python -m benchmarks.transfer_ab --variant before=HEAD~2 --variant now=. --rounds 4
+    .venv/bin/python -m benchmarks.transfer_ab --variant now=. --variant seg2m=.:UCX_CMA_SEG_SIZE=2M
 """
 
 from __future__ import annotations
@@ -22,12 +23,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE / "transfer_peers"))
-from workload import digest, expected_image, source_bytes  # noqa: E402
+from benchmarks.transfer import BLOCK_SIZES, MiB, Pair, Registry, batch_for
+from benchmarks.transfer_peers.workload import digest, expected_image, source_bytes
 
-from transfer import BLOCK_SIZES, MiB, Pair, Registry, batch_for  # noqa: E402
+HERE = Path(__file__).resolve().parent
 
 
 def tree_of(spec: str, scratch: Path) -> Path:

@@ -5,29 +5,24 @@ Pools are shaped like an 8B model's KV (32 layers, 8 KV heads, head dim 128, bf1
 2 MiB a block). Three block patterns: runs of 64 blocks (one 128 MiB message), runs of 8 (16 MiB
 messages) and scattered single blocks (2 MiB messages).
 
-    python benchmarks/transfer_cuda.py        # on a machine with a CUDA GPU; writes results/transfer_cuda.json
+    python -m benchmarks.transfer_cuda        # on a machine with a CUDA GPU; writes results/transfer_cuda.json
 """
 
 from __future__ import annotations
 
 import random
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from kvferry.transfer import TransferEngine
+from kvferry.transfer.kv_connector import DestinationHandle, KVSender, pool_description
+
+from benchmarks.common import environment, print_table, write_results
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-from common import environment, print_table, write_results  # noqa: E402
-from kvferry.transfer import TransferEngine  # noqa: E402
-from kvferry.transfer.kv_connector import DestinationHandle, KVSender, pool_description  # noqa: E402
-
-from tests.support.peer_process import PeerProcess  # noqa: E402
-from tests.support.transfer_peer import make_pool  # noqa: E402
 
 SHAPE = {"num_layers": 32, "kv_heads": 8, "head_dim": 128}
 NUM_BLOCKS, BATCH_BLOCKS, RUNS = 512, 64, 8
@@ -57,6 +52,11 @@ def pattern(name: str, rng: random.Random) -> tuple[list[int], list[int]]:
 
 
 def main() -> None:
+    # The transfer peer is the tests' own (tests/support/), found because benchmarks run from the checkout
+    # root; imported here so that the module loads where `tests` is not importable (the unit tests).
+    from tests.support.peer_process import PeerProcess
+    from tests.support.transfer_peer import make_pool
+
     folder = tempfile.mkdtemp(prefix="kvferry-registry-")
     registry = f"file://{folder}"
     pool = make_pool("bfloat16", NUM_BLOCKS, 16, SHAPE["num_layers"], SHAPE["kv_heads"], SHAPE["head_dim"], "cuda")

@@ -30,12 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        # A command that wraps another program (bench-transfer) takes every argument it does not know.
-        if not getattr(args, "pass_through", False):
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.arguments = [*getattr(args, "arguments", []), *extra]
+    args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -1,6 +1,6 @@
 """One side of a transfer-benchmark pair, driven by JSON lines (one reply per command).
 
-    python benchmarks/transfer_peers/peer.py --system kvferry --role target --name t --buffer-bytes N \
+    python -m benchmarks.transfer_peers.peer --system kvferry --role target --name t --buffer-bytes N \
         --cmd-fd 5 --reply-fd 6 [--registry redis://127.0.0.1:PORT/0]
 
 Commands and replies travel over two inherited pipe descriptors, not stdin/stdout: UCX, NIXL and
@@ -16,15 +16,14 @@ import argparse
 import ctypes
 import json
 import os
-import sys
 import traceback
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import numpy as np  # noqa: E402
-from systems import SYSTEMS, System  # noqa: E402
-from workload import Batch, digest, source_bytes  # noqa: E402
+import numpy as np
+
+from benchmarks.transfer_peers.systems import SYSTEMS, System
+from benchmarks.transfer_peers.workload import Batch, digest, source_bytes
 
 
 def ucx_versions() -> dict[str, str]:

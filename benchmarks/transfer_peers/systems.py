@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
-from workload import Batch, address
+
+from benchmarks.transfer_peers.workload import Batch, address
 
 # A batch that has not finished by then is an error, not a number (the machine may be loaded).
 DEADLINE_SECONDS = 60.0

@@ -29,7 +29,7 @@ case "${1:-}" in
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
     timeout ${TESTS_TIMEOUT:-240} "$python" -m pytest tests/gpu/test_cuda_memory.py tests/gpu/test_cuda_engine_parity.py -q -s \
       -p no:cacheprovider ${TESTS_FILTER:+-k "$TESTS_FILTER"} --durations=8 2>&1 | tee "$out/gpu_tests.log"
-    timeout ${BENCH_TIMEOUT:-560} "$python" benchmarks/gpu_serving.py --out "$out" --budget-s ${BENCH_BUDGET:-420} \
+    timeout ${BENCH_TIMEOUT:-560} "$python" -m benchmarks.gpu_serving --out "$out" --budget-s ${BENCH_BUDGET:-420} \
       2>&1 | tee "$out/gpu_serving.log"
     ;;
   disaggregated)  # needs ucxx: carry .whl (see the device README) and install it before this phase
@@ -37,16 +37,16 @@ case "${1:-}" in
     timeout 120 "$python" -m pytest tests/gpu/test_transfer_cuda.py -q -p no:cacheprovider 2>&1 | tee "$out/transfer_tests.log"
     [ -f $model/config.json ] || "$python" -c "from kvferry.engine.make_model import make_model; make_model('llama', '8b-shape', '$model', dtype='bfloat16', num_shards=4, device='cuda')"
     sync
-    timeout ${BENCH_TIMEOUT:-420} "$python" benchmarks/gpu_disaggregated.py --model "$model" --out "$out" 2>&1 \
+    timeout ${BENCH_TIMEOUT:-420} "$python" -m benchmarks.gpu_disaggregated --model "$model" --out "$out" 2>&1 \
       | grep -v "UCX  WARN" | tee "$out/gpu_disaggregated.log"
     ;;
   profile)  # benchmarks/gpu_decode_profile.py: a decode step's kernel time by kind beside its graph replay
     model=/tmp/kvferry-llama-8b-shape
     [ -f $model/config.json ] || "$python" -c "from kvferry.engine.make_model import make_model; make_model('llama', '8b-shape', '$model', dtype='bfloat16', num_shards=4, device='cuda')"
-    timeout ${BENCH_TIMEOUT:-300} "$python" benchmarks/gpu_decode_profile.py --model "$model" --out "$out" 2>&1 | tee "$out/gpu_decode_profile.log"
+    timeout ${BENCH_TIMEOUT:-300} "$python" -m benchmarks.gpu_decode_profile --model "$model" --out "$out" 2>&1 | tee "$out/gpu_decode_profile.log"
     ;;
   bench)
-    timeout 570 "$python" benchmarks/kernels.py --tune --out "$out/kernels.json" 2>&1 | tee "$out/bench.log"
+    timeout 570 "$python" -m benchmarks.kernels --tune --out "$out/kernels.json" 2>&1 | tee "$out/bench.log"
     ;;
   *)
     echo "usage: $0 tests|bench|serving|disaggregated|profile" >&2

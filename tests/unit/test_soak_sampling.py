@@ -11,9 +11,16 @@ from collections.abc import Callable
 import anyio.to_thread
 import pytest
 from kvferry.router.metrics import RouterMetrics
+from support.benchmarks_package import import_benchmark
 
-from benchmarks.soak_sampling import TASKS_GAUGE, ProcessReading, gauge_value, growth, proc_usage, quietest
 from kvferry.node_metrics import NodeMetrics
+
+soak_sampling = import_benchmark("soak_sampling")
+TASKS_GAUGE = soak_sampling.TASKS_GAUGE
+ProcessReading = soak_sampling.ProcessReading
+gauge_value, growth, proc_usage, quietest = (
+    soak_sampling.gauge_value, soak_sampling.growth, soak_sampling.proc_usage, soak_sampling.quietest
+)
 
 SCRAPES: dict[str, Callable[[], bytes]] = {
     "node": lambda: NodeMetrics("decode", "decode-0").render(0, 0, 0, 16),

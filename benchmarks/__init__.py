@@ -1,0 +1,1 @@
+"""kvferry's benchmarks, each run from the checkout root as `python -m benchmarks.<name>` (docs/benchmarks.md)."""
