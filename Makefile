@@ -13,7 +13,7 @@ UV_HOME := $(CACHE)/uv-$(UV_VERSION)
 UV := $(UV_HOME)/bin/uv
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint unit venv lock system-packages cluster-binaries clean
+.PHONY: up test lint unit venv lock system-packages cluster-binaries image clean
 
 $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
@@ -36,6 +36,12 @@ system-packages:
 
 cluster-binaries:
 	bash tests/cluster/build.sh
+
+# The container image the chart runs (localhost/kvferry:<version>), built with podman from Debian's
+# packages; skipped when an image of the same inputs exists (image/build.sh).
+image: venv
+	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman mmdebstrap runc; }
+	bash image/build.sh
 
 lint: venv
 	$(BIN)/ruff check .
