@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from kvferry.engine.model_shapes import SIZES
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    make = subparsers.add_parser("make-model", help="write a small random-weight checkpoint (random text!)")
+    make = subparsers.add_parser(
+        "make-model", help="write a small random-weight checkpoint (random text!), or import a GGUF file (--from-gguf)"
+    )
+    make.add_argument("--from-gguf", metavar="FILE", default=None,
+                      help="import this GGUF file (llama, qwen2, qwen3) instead of writing random weights")
     make.add_argument("--arch", choices=("llama", "qwen2", "qwen3"), default="llama")
     make.add_argument("--size", choices=tuple(SIZES), default="tiny", help="8b-shape: Llama-3.1-8B's shapes")
     make.add_argument("--out", required=True, help="folder to write the Hugging Face checkpoint into")
@@ -21,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     make.set_defaults(func=_make_model)
 
     gen = subparsers.add_parser("generate", help="generate offline from a model folder")
-    gen.add_argument("--model", required=True, help="Hugging Face model folder")
+    gen.add_argument("--model", required=True,
+                     help="Hugging Face model folder, a .gguf file, smollm2-135m-instruct or tiny-random")
     gen.add_argument("--prompt", action="append", required=True, help="a prompt; repeat for a batch")
     gen.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
     gen.add_argument("--max-tokens", type=int, default=32)
@@ -35,6 +41,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _make_model(args: argparse.Namespace) -> int:
+    if args.from_gguf:
+        from kvferry.engine.gguf_import import GGUFImportError, convert_gguf, stderr_progress
+
+        try:
+            out = convert_gguf(args.from_gguf, args.out, stderr_progress)
+        except GGUFImportError as exc:
+            print(f"kvferry make-model: {exc}", file=sys.stderr)
+            return 1
+        print(f"imported {args.from_gguf} into {out}")
+        return 0
     from kvferry.engine.make_model import make_model
 
     out = make_model(args.arch, args.size, args.out, args.seed, args.dtype, args.shards, args.device)
@@ -44,9 +60,14 @@ def _make_model(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from kvferry.engine import LLM, SamplingParams
+    from kvferry.engine.model_source import MODEL_SOURCE_ERRORS
 
     started = time.perf_counter()
-    llm = LLM(args.model, dtype=args.dtype)
+    try:
+        llm = LLM(args.model, dtype=args.dtype)
+    except MODEL_SOURCE_ERRORS as exc:
+        print(f"kvferry generate: {exc}", file=sys.stderr)
+        return 1
     prompts = args.prompt
     if args.chat:
         template = llm.engine.tokenizer.apply_chat_template

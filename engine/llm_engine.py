@@ -17,6 +17,7 @@ from kvferry.engine.kv_budget import num_kv_blocks
 from kvferry.engine.model import CausalLM
 from kvferry.engine.model_config import ModelConfig
 from kvferry.engine.model_runner import Launched, ModelRunner
+from kvferry.engine.model_source import resolve_model
 from kvferry.engine.outputs import CompletionOutput, RequestOutput
 from kvferry.engine.sampler import SamplerOutput
 from kvferry.engine.sampling_params import SamplingParams
@@ -72,11 +73,12 @@ class Request:
 
 class LLMEngine:
     def __init__(self, model_dir: str | Path, args: EngineArgs | None = None, pool_allocator: HostAllocator | None = None) -> None:
-        """`pool_allocator`: where a host KV pool's memory comes from (a node passes its transfer engine's
-        allocate_managed_buffer, so that KV blocks written into it arrive by plain copies)."""
+        """`model_dir`: a model folder, or anything else engine/model_source.py resolves (a .gguf file, the
+        default model's name). `pool_allocator`: where a host KV pool's memory comes from (a node passes its
+        transfer engine's allocate_managed_buffer, so that KV blocks written into it arrive by plain copies)."""
         args = args or EngineArgs()
         self.args = args
-        self.model_dir = Path(model_dir)
+        self.model_dir = resolve_model(model_dir)
         self.model_config = ModelConfig.from_dir(self.model_dir)
         self.device = args.resolve_device()
         make_current(self.device)  # before the weights, the pool, the kernels' first launches and the graphs

@@ -17,19 +17,8 @@ import httpx
 from kvferry.redis_server import RedisServer, free_port
 from kvferry.router.auth import CLUSTER_TOKEN_ENV
 
-CACHE = Path(os.environ.get("KVFERRY_CACHE", Path.home() / ".cache" / "kvferry"))
 READY_TIMEOUT_SECONDS = 180
 STOP_GRACE_SECONDS = 8
-
-
-def demo_model() -> Path:
-    from kvferry.engine.make_model import make_model
-
-    folder = CACHE / "models" / "demo-llama-tiny"
-    if not (folder / "config.json").is_file():
-        print(f"writing a tiny random-weight checkpoint to {folder} (it produces random text)")
-        make_model("llama", "tiny", folder)
-    return folder
 
 
 class LocalCluster:
@@ -102,7 +91,15 @@ def run_local_cluster(model: str | None, num_prefill: int, num_decode: int, redi
     # Python then never turns Ctrl-C into KeyboardInterrupt.
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
-    model_dir = Path(model) if model else demo_model()
+    from kvferry.engine.model_source import DEFAULT_MODEL, MODEL_SOURCE_ERRORS, resolve_model
+
+    try:  # once, here: every node and the router get the folder
+        model_dir = resolve_model(model or DEFAULT_MODEL)
+    except MODEL_SOURCE_ERRORS as exc:
+        print(f"kvferry up: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:  # Ctrl-C while fetching or importing: the cache keeps nothing half-written
+        return 130
     cluster = LocalCluster(cluster_token=secrets.token_urlsafe(32))  # one per cluster, never printed
     python = [sys.executable, "-m", "kvferry"]
     try:
@@ -124,8 +121,9 @@ def run_local_cluster(model: str | None, num_prefill: int, num_decode: int, redi
         cluster.spawn("router", router)
         cluster.wait_ready({"router": f"http://127.0.0.1:{port}"})
         print(f"\nkvferry is up at http://127.0.0.1:{port}  (model {model_dir.name}; Ctrl-C stops everything)\n")
-        print(f"  curl http://127.0.0.1:{port}/v1/completions -H 'Content-Type: application/json' \\")
-        print(f"    -d '{{\"model\": \"{model_dir.name}\", \"prompt\": \"Hello\", \"max_tokens\": 16}}'\n")
+        print(f"  curl http://127.0.0.1:{port}/v1/chat/completions -H 'Content-Type: application/json' \\")
+        print(f"    -d '{{\"model\": \"{model_dir.name}\", \"messages\": [{{\"role\": \"user\", "
+              f"\"content\": \"What is the capital of France?\"}}], \"max_tokens\": 32}}'\n")
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

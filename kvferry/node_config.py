@@ -77,7 +77,7 @@ def add_node_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     # Flags default to None: a flag given overrides the cluster config, one left out leaves it (or
     # NodeConfig's default) alone.
     parser.add_argument("--config", default=None, help="the cluster config (the operator's cluster.json); flags win")
-    parser.add_argument("--model", default=None, help="Hugging Face model folder (default: the config's model.path)")
+    parser.add_argument("--model", default=None, help="Hugging Face model folder or .gguf file (default: the config's model.path)")
     parser.add_argument("--served-model-name", default=None,
                         help="the model's name in the API and the prefix-hash salt; must match the router's "
                         "(default: the config's model.servedName, else the folder's name)")

