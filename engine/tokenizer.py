@@ -1,18 +1,60 @@
-"""Tokenizer and chat template from a Hugging Face folder (`tokenizer.json`, `tokenizer_config.json`)."""
+"""Tokenizer and chat template from a Hugging Face folder.
+
+The tokenizer is `tokenizer.json`; its special tokens are named in `tokenizer_config.json`. The chat
+template is looked for where transformers reads it, first found wins: `chat_template.jinja` (where
+transformers 5 saves it), `chat_template.json`, then `tokenizer_config.json`'s `chat_template` (a string,
+or a list of named templates of which "default" is used). It is rendered as transformers renders it: a
+sandboxed jinja2 environment (templates come with downloaded models: they are untrusted code) with the
+same variables and helpers, so a template gives the same prompt here as in transformers.
+"""
 
 from __future__ import annotations
 
 import json
+from datetime import datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from jinja2 import nodes
 from jinja2.exceptions import TemplateError
+from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer
+
+TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
+# tokenizer_config.json keys transformers hands a template as variables (its special_tokens_map).
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+class NoChatTemplateError(ValueError):
+    """The model folder has no chat template in any of the places transformers reads one from."""
 
 
 def _raise_exception(message: str) -> None:
     raise TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    # jinja's own tojson escapes HTML characters, which would change the prompt; transformers overrides it so.
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+class _GenerationTag(Extension):
+    """`{% generation %}...{% endgeneration %}` marks assistant text for transformers' training masks; a
+    template that uses it must still parse, and renders its body unchanged."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: Any) -> nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body).set_lineno(lineno)
 
 
 def _token_text(value: Any) -> str | None:
@@ -22,18 +64,44 @@ def _token_text(value: Any) -> str | None:
     return value
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _templates_in(value: Any) -> dict[str, str]:
+    """A chat_template value by name: a string is the "default" one; a list is [{"name", "template"}, ...]."""
+    if isinstance(value, list):
+        return {entry["name"]: entry["template"] for entry in value if isinstance(entry, dict) and entry.get("template")}
+    return {"default": value} if value else {}
+
+
+def find_chat_templates(model_dir: Path, tokenizer_config: dict[str, Any]) -> dict[str, str]:
+    """The templates of the first place that holds any, by name ("default", and "tool_use" in some models)."""
+    jinja = model_dir / "chat_template.jinja"
+    if jinja.is_file():
+        return {"default": jinja.read_text()}
+    for source in (_read_json(model_dir / "chat_template.json"), tokenizer_config):
+        if templates := _templates_in(source.get("chat_template")):
+            return templates
+    return {}
+
+
 class ModelTokenizer:
     def __init__(self, model_dir: str | Path) -> None:
         model_dir = Path(model_dir)
         path = model_dir / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"{model_dir} has no tokenizer.json")
+        self.model_dir = model_dir
         self.tokenizer = Tokenizer.from_file(str(path))
-        config_path = model_dir / "tokenizer_config.json"
-        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        self.bos_token = _token_text(config.get("bos_token"))
-        self.eos_token = _token_text(config.get("eos_token"))
-        self.chat_template: str | None = config.get("chat_template")
+        config = _read_json(model_dir / "tokenizer_config.json")
+        self.special_tokens = {key: text for key in SPECIAL_TOKEN_KEYS if (text := _token_text(config.get(key)))}
+        extra = config.get("additional_special_tokens") or config.get("extra_special_tokens") or []
+        if isinstance(extra, list) and extra:
+            self.special_tokens["additional_special_tokens"] = [_token_text(token) for token in extra]
+        self.bos_token = self.special_tokens.get("bos_token")
+        self.eos_token = self.special_tokens.get("eos_token")
+        self.chat_templates = find_chat_templates(model_dir, config)
         self.eos_token_id = self.tokenizer.token_to_id(self.eos_token) if self.eos_token else None
 
     @property
@@ -46,15 +114,30 @@ class ModelTokenizer:
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
-        if not self.chat_template:
-            raise ValueError("this model's tokenizer_config.json has no chat_template")
-        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent, ensure_ascii=False)
+    @cached_property
+    def _environment(self) -> ImmutableSandboxedEnvironment:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols])
+        env.filters["tojson"] = _tojson
         env.globals["raise_exception"] = _raise_exception
-        return env.from_string(self.chat_template).render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token or "",
-            eos_token=self.eos_token or "",
+        env.globals["strftime_now"] = _strftime_now
+        return env
+
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
+        **template_kwargs: Any,
+    ) -> str:
+        """The prompt text; raises NoChatTemplateError without a template, TemplateError when it refuses.
+        With tools, a model's "tool_use" template is used where it has one, as transformers does."""
+        name = "tool_use" if tools is not None and "tool_use" in self.chat_templates else "default"
+        if name not in self.chat_templates:
+            raise NoChatTemplateError(
+                f"the model {self.model_dir.name} has no chat template (none of {', '.join(TEMPLATE_FILES)} holds "
+                "one): send a prompt to /v1/completions instead"
+            )
+        variables = {**self.special_tokens, "documents": None, **template_kwargs}
+        return self._environment.from_string(self.chat_templates[name]).render(
+            messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **variables
         )

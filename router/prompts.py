@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvferry.engine.tokenizer import ModelTokenizer
+from kvferry.engine.tokenizer import ModelTokenizer, NoChatTemplateError
 from kvferry.router.errors import APIError
 
 # The engine's own default cap (engine/llm_engine.py) when a node is not given --max-model-len.
@@ -34,6 +34,8 @@ class PromptEncoder:
     def chat(self, messages: list[dict[str, str]]) -> list[int]:
         try:
             text = self.tokenizer.apply_chat_template(messages)
+        except NoChatTemplateError as exc:
+            raise APIError(400, str(exc), param="messages") from None
         except Exception as exc:  # noqa: BLE001 - templates raise what they like on messages they refuse
             raise APIError(400, f"the chat template refused the messages: {exc}", param="messages") from None
         # The template writes the special tokens (BOS) itself.
