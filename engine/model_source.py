@@ -21,7 +21,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from kvferry.engine.default_model import GGUF_SHA256, SERVED_NAME, ModelFetchError, fetch_default_gguf
+from kvferry.engine.default_model import (
+    GGUF_NAME,
+    GGUF_SHA256,
+    SERVED_NAME,
+    ModelFetchError,
+    fetch_default_gguf,
+)
 from kvferry.engine.gguf_import import GGUFImportError
 
 from kvferry.cache_dir import cache_dir
@@ -89,14 +95,22 @@ def imported_gguf(gguf: Path, name: str | None = None) -> Path:
         return folder if _complete(folder) else _import(gguf, folder)
 
 
+def default_gguf() -> Path:
+    """The default model's GGUF, fetched once into the cache (kept: transformers' reference loads it in tests)."""
+    path = cache_dir() / "downloads" / GGUF_NAME
+    with _locked(path):
+        if not path.is_file():
+            with tempfile.TemporaryDirectory(prefix=".fetch-", dir=path.parent) as workdir:
+                os.rename(fetch_default_gguf(Path(workdir)), path)
+    return path
+
+
 def default_model() -> Path:
-    """Found by the GGUF's pinned sha256 without touching the network once it has been imported."""
+    """Found by the GGUF's pinned sha256, without a fetch or a hash, once it has been imported."""
     folder = _import_folder(GGUF_SHA256, DEFAULT_MODEL)
-    with _locked(folder):
-        if _complete(folder):
-            return folder
-        with tempfile.TemporaryDirectory(prefix=".fetch-", dir=folder.parent) as workdir:
-            return _import(fetch_default_gguf(Path(workdir)), folder)
+    if _complete(folder):
+        return folder
+    return imported_gguf(default_gguf(), DEFAULT_MODEL)
 
 
 def tiny_random_model() -> Path:
