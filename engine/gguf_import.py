@@ -73,10 +73,10 @@ def read_gguf(path: Path) -> tuple[dict[str, Any], list[Any]]:
         metadata = {name: field.contents() for name, field in reader.fields.items()}
         tensors = list(reader.tensors)
     except Exception as exc:  # noqa: BLE001 - the reader raises anything on a damaged file (ValueError, IndexError...)
-        raise GGUFImportError(f"{path}: not a readable GGUF file, truncated or corrupt ({type(exc).__name__}: {exc})") from None
+        raise GGUFImportError(f"not a readable GGUF file, truncated or corrupt ({type(exc).__name__}: {exc})") from None
     for tensor in tensors:
         if tensor.data.nbytes != tensor.n_bytes:  # the reader maps what is there: a cut file gives short tensors
-            raise GGUFImportError(f"{path}: truncated: tensor {tensor.name} has {tensor.data.nbytes} of its {tensor.n_bytes} bytes")
+            raise GGUFImportError(f"truncated: tensor {tensor.name} has {tensor.data.nbytes} of its {tensor.n_bytes} bytes")
     return metadata, tensors
 
 
@@ -198,17 +198,17 @@ def _write_folder(gguf_path: Path, out: Path, progress: Progress) -> None:
     try:
         tokenizer = build_tokenizer(metadata)
     except GGUFTokenizerError as exc:
-        raise GGUFImportError(f"{gguf_path}: {exc}") from None
+        raise GGUFImportError(str(exc)) from None
     names = {t.name for t in tensors}
     embed = next((t for t in tensors if t.name == "token_embd.weight"), None)
     if embed is None:
-        raise GGUFImportError(f"{gguf_path}: the GGUF file has no token_embd.weight tensor")
+        raise GGUFImportError("the GGUF file has no token_embd.weight tensor")
     config = hf_config(metadata, names, vocab_size=int(embed.shape[1]))
     config.update(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_ids[0] if tokenizer.eos_token_ids else None)
     try:
         ModelConfig.from_dict(config)  # refuse here what the engine would refuse at load time
     except UnsupportedModelError as exc:
-        raise GGUFImportError(f"{gguf_path}: {exc}") from None
+        raise GGUFImportError(str(exc)) from None
     _write_weights(tensors, config, out, progress)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     tokenizer.tokenizer.save(str(out / "tokenizer.json"))
@@ -234,7 +234,10 @@ def convert_gguf(gguf_path: str | Path, out: str | Path, progress: Progress = _q
     partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
     partial.chmod(0o755)  # mkdtemp's 0700 would keep the folder from other users of a shared cache
     try:
-        _write_folder(gguf_path, partial, progress)
+        try:
+            _write_folder(gguf_path, partial, progress)
+        except GGUFImportError as exc:
+            raise GGUFImportError(f"{gguf_path}: {exc}") from None
         if out.exists():
             out.rmdir()
         os.rename(partial, out)
