@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the node binaries of the pods tier (a single-node Kubernetes with real pods, REAL_PODS.md):
-# kubelet and kube-proxy from the same pinned Kubernetes module as the test control plane
-# (tests/cluster/build.sh), and CoreDNS from its own module (tests/cluster/go/coredns). Cached outside the
+# kubelet and kube-proxy from the same Kubernetes release as the test control plane (tests/cluster/build.sh)
+# in a module of their own (tests/cluster/go/kubelet), and CoreDNS from its module (tests/cluster/go/coredns). Cached outside the
 # checkout, keyed by the pinned versions, so a fresh clone reuses them and a version bump rebuilds.
 #
 #   bash tests/pods/build.sh                  build whatever is missing
@@ -14,7 +14,7 @@ pinned() {
     awk -v mod="$2" '$1 == mod && $2 ~ /^v/ { print $2; exit }' "$gomods/$1/go.mod"
 }
 
-k8s_version="$(pinned kubernetes k8s.io/kubernetes)"
+k8s_version="$(pinned kubelet k8s.io/kubernetes)"
 coredns_version="$(pinned coredns github.com/coredns/coredns)"
 cache="${KVFERRY_CACHE:-$HOME/.cache/kvferry}"
 bin_dir="$cache/pods-k8s-${k8s_version}-coredns-${coredns_version}/bin"
@@ -59,7 +59,7 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 for tool in kubelet kube-proxy; do
-    go_build "$tool" kubernetes "$k8s_version" "k8s.io/kubernetes/cmd/$tool" "$k8s_ldflags"
+    go_build "$tool" kubelet "$k8s_version" "k8s.io/kubernetes/cmd/$tool" "$k8s_ldflags"
 done
 go_build coredns coredns "$coredns_version" github.com/coredns/coredns ""
 echo "pods-tier binaries ready in $bin_dir"
