@@ -8,6 +8,7 @@ from L2, as in a decode step where every weight is read once. GB/s counts the we
 
 from __future__ import annotations
 
+import argparse
 import itertools
 
 import torch
@@ -84,6 +85,7 @@ def probe(name: str, n: int, k: int) -> str:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()  # no options: --help
     torch.manual_seed(0)
     print("| shape | N x K | cuBLAS us | GB/s | best Triton us | GB/s | config (BLOCK_N, BLOCK_K, warps) | rel err |")
     print("|---|---|---|---|---|---|---|---|")

@@ -6,6 +6,7 @@ and transformers, one panel per case.
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -18,6 +19,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()  # no options: --help
     data = json.loads((RESULTS / "gpu_serving.json").read_text())
     rows = data["rows"]
     cases = list(dict.fromkeys(row["case"] for row in rows))

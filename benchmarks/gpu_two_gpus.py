@@ -108,7 +108,8 @@ def facts(devices: list[str]) -> dict[str, object]:
     """GPU names, driver, torch/triton versions, and whether the two GPUs reach each other directly."""
     on_gpu = [torch.device(d) for d in devices if d.startswith("cuda")]
     if on_gpu:
-        from gpu_serving import gpu_facts  # nvidia-smi's names and driver, triton and transformers versions
+        # nvidia-smi's names and driver, triton and transformers versions
+        from benchmarks.gpu_serving import gpu_facts
 
         found = gpu_facts()
     else:

@@ -10,6 +10,7 @@ messages) and scattered single blocks (2 MiB messages).
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
 import tempfile
@@ -52,6 +53,7 @@ def pattern(name: str, rng: random.Random) -> tuple[list[int], list[int]]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()  # no options: --help
     # The transfer peer is the tests' own (tests/support/), found because benchmarks run from the checkout
     # root; imported here so that the module loads where `tests` is not importable (the unit tests).
     from tests.support.peer_process import PeerProcess
