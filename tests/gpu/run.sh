@@ -2,7 +2,7 @@
 # The GPU half of the kernel work, for a machine with one CUDA device (each phase fits a 10-minute call):
 #   bash tests/gpu/run.sh tests   # the kernel tests here (kernels at larger shapes, engine parity with transformers,
 #                                 # the pool from a memory fraction)
-#   bash tests/gpu/run.sh bench   # benchmarks/kernels.py --tune
+#   bash tests/gpu/run.sh bench   # python -m benchmarks.kernels --tune
 #   bash tests/gpu/run.sh serving # engine tests (float32 parity with CUDA graphs, memory fraction), then
 #                                 # benchmarks/gpu_serving.py on an 8B-shaped checkpoint made on the GPU
 #   bash tests/gpu/run.sh disaggregated  # CUDA transfer test, then benchmarks/gpu_disaggregated.py (P and D
