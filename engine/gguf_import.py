@@ -152,7 +152,7 @@ def _dequantized(tensor: Any) -> np.ndarray:
 
 def _write_weights(tensors: list[Any], config: dict[str, Any], out: Path, progress: Progress) -> None:
     # Imported here: weights.py loads torch, which resolving an already imported file does not need.
-    from kvferry.engine.weights import INDEX_FILE
+    from kvferry.engine.weights import INDEX_FILE, share_weights_file
     from safetensors.numpy import save_file
 
     permute = {"self_attn.q_proj": config["num_attention_heads"], "self_attn.k_proj": config["num_key_value_heads"]}
@@ -166,6 +166,7 @@ def _write_weights(tensors: list[Any], config: dict[str, Any], out: Path, progre
             files.append(f"shard-{len(files)}")
             path = out / f"{files[-1]}.safetensors"
             save_file(shard, str(path), metadata={"format": "pt"})
+            share_weights_file(path)
             weight_map.update(dict.fromkeys(shard, len(files) - 1))
             shard.clear()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 from kvferry.engine.model_shapes import SIZES, ModelShape
-from kvferry.engine.weights import INDEX_FILE
+from kvferry.engine.weights import INDEX_FILE, share_weights_file
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
@@ -137,6 +137,7 @@ def _on_host(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def _save_shards(tensors: dict[str, torch.Tensor], out: Path, num_shards: int) -> None:
     if num_shards <= 1:
         save_file(_on_host(tensors), str(out / "model.safetensors"), metadata={"format": "pt"})
+        share_weights_file(out / "model.safetensors")
         return
     names = list(tensors)
     weight_map = {}
@@ -144,6 +145,7 @@ def _save_shards(tensors: dict[str, torch.Tensor], out: Path, num_shards: int) -
         file_name = f"model-{shard + 1:05d}-of-{num_shards:05d}.safetensors"
         part = {name: tensors[name] for name in names[shard::num_shards]}
         save_file(_on_host(part), str(out / file_name), metadata={"format": "pt"})
+        share_weights_file(out / file_name)
         weight_map.update(dict.fromkeys(part, file_name))
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     (out / INDEX_FILE).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))

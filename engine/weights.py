@@ -13,6 +13,15 @@ from safetensors import safe_open
 INDEX_FILE = "model.safetensors.index.json"
 
 
+def share_weights_file(path: Path) -> None:
+    """Make a written weights file readable by everyone, as a model folder's other files are.
+
+    safetensors creates its files readable by their owner alone (0600); a model folder is read by other
+    users too (the image's non-root pods, a hostPath volume mounted into them), which then fail to open it.
+    """
+    path.chmod(0o644)
+
+
 def checkpoint_files(model_dir: Path) -> list[Path]:
     index = model_dir / INDEX_FILE
     if index.is_file():

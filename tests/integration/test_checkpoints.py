@@ -34,3 +34,13 @@ def test_unsupported_architecture_in_a_folder_is_named(tmp_path, tiny_models, ma
     (folder / "config.json").write_text(json.dumps({**config, "architectures": ["FalconForCausalLM"]}))
     with pytest.raises(UnsupportedModelError, match="FalconForCausalLM"):
         make_llm(folder)
+
+
+def test_written_weights_are_readable_by_other_users(tmp_path):
+    # The image's pods run as a non-root user and read model folders written by root (a hostPath volume).
+    from kvferry.engine.make_model import make_model
+
+    folder = tmp_path / "model"
+    make_model("llama", "tiny", folder)
+    for weights in folder.glob("*.safetensors"):
+        assert weights.stat().st_mode & 0o044 == 0o044, oct(weights.stat().st_mode)
