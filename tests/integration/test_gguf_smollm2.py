@@ -9,7 +9,7 @@ from kvferry.engine import LLM, SamplingParams
 from kvferry.engine.model_config import ModelConfig
 from kvferry.engine.tokenizer import ModelTokenizer
 from safetensors.torch import load_file
-from support.real_model import MAX_NEW_TOKENS, smollm2, smollm2_greedy, smollm2_reference  # noqa: F401
+from support.real_model import MAX_NEW_TOKENS
 
 TEXTS = [
     "Hello, world!",
@@ -28,11 +28,11 @@ TEXTS = [
 
 
 @pytest.fixture(scope="module")
-def llm(smollm2):  # noqa: F811
+def llm(smollm2):
     return LLM(smollm2.folder, dtype="float32")
 
 
-def test_every_tensor_equals_transformers_gguf_loading(smollm2, smollm2_reference):  # noqa: F811
+def test_every_tensor_equals_transformers_gguf_loading(smollm2, smollm2_reference):
     ours = load_file(str(smollm2.folder / "model.safetensors"))
     theirs = smollm2_reference.model.state_dict()
     config = ModelConfig.from_dir(smollm2.folder)
@@ -43,7 +43,7 @@ def test_every_tensor_equals_transformers_gguf_loading(smollm2, smollm2_referenc
     assert torch.equal(theirs["lm_head.weight"], ours["model.embed_tokens.weight"])
 
 
-def test_config_matches_the_model(smollm2, smollm2_reference):  # noqa: F811
+def test_config_matches_the_model(smollm2, smollm2_reference):
     ours, theirs = ModelConfig.from_dir(smollm2.folder), smollm2_reference.model.config
     assert (ours.vocab_size, ours.num_layers, ours.num_heads, ours.num_kv_heads, ours.head_dim) == (49152, 30, 9, 3, 64)
     assert (ours.hidden_size, ours.intermediate_size) == (theirs.hidden_size, theirs.intermediate_size)
@@ -51,7 +51,7 @@ def test_config_matches_the_model(smollm2, smollm2_reference):  # noqa: F811
 
 
 @pytest.mark.parametrize("text", TEXTS)
-def test_tokenizer_encodes_and_decodes_as_transformers(smollm2, smollm2_reference, text):  # noqa: F811
+def test_tokenizer_encodes_and_decodes_as_transformers(smollm2, smollm2_reference, text):
     ours, theirs = ModelTokenizer(smollm2.folder), smollm2_reference.tokenizer
     for special in (True, False):
         ids = ours.encode(text, add_special_tokens=special)
@@ -60,7 +60,7 @@ def test_tokenizer_encodes_and_decodes_as_transformers(smollm2, smollm2_referenc
             assert ours.decode(ids, skip_special_tokens=skip) == theirs.decode(ids, skip_special_tokens=skip)
 
 
-def test_chat_prompts_render_and_tokenize_as_transformers(smollm2, smollm2_greedy):  # noqa: F811
+def test_chat_prompts_render_and_tokenize_as_transformers(smollm2, smollm2_greedy):
     tokenizer = ModelTokenizer(smollm2.folder)
     for case in (c for c in smollm2_greedy if c.chat):
         rendered = tokenizer.apply_chat_template([{"role": "user", "content": case.text}])
@@ -73,7 +73,7 @@ def _prompt(case) -> dict | str:
 
 
 @pytest.mark.slow
-def test_greedy_output_equals_transformers_one_at_a_time_and_batched(llm, smollm2_greedy):  # noqa: F811
+def test_greedy_output_equals_transformers_one_at_a_time_and_batched(llm, smollm2_greedy):
     params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0)
     expected = [case.output_ids for case in smollm2_greedy]
     alone = [llm.generate(_prompt(case), params)[0].outputs[0].token_ids for case in smollm2_greedy]
