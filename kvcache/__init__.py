@@ -1,20 +1,32 @@
-"""Paged KV cache: pool layout, block allocator with prefix cache, chained block hashing, KV events."""
+"""Paged KV cache: pool layout, block allocator with prefix cache, chained block hashing, KV events.
 
-from kvferry.kvcache.allocator import NULL_BLOCK_ID, AllocatorStats, BlockAllocator, OutOfBlocksError
-from kvferry.kvcache.block_hash import hash_block_tokens, hash_prompt_blocks
-from kvferry.kvcache.events import BlockRemoved, BlockStored, KVEvent
-from kvferry.kvcache.kv_pool import KVPool, KVPoolLayout
+The names load on first use (PEP 562): the router imports the block hash and the prefix index from here,
+and must not import torch with them (the pool's module does).
+"""
 
-__all__ = [
-    "NULL_BLOCK_ID",
-    "AllocatorStats",
-    "BlockAllocator",
-    "BlockRemoved",
-    "BlockStored",
-    "KVEvent",
-    "KVPool",
-    "KVPoolLayout",
-    "OutOfBlocksError",
-    "hash_block_tokens",
-    "hash_prompt_blocks",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "NULL_BLOCK_ID": "kvferry.kvcache.allocator",
+    "AllocatorStats": "kvferry.kvcache.allocator",
+    "BlockAllocator": "kvferry.kvcache.allocator",
+    "OutOfBlocksError": "kvferry.kvcache.allocator",
+    "hash_block_tokens": "kvferry.kvcache.block_hash",
+    "hash_prompt_blocks": "kvferry.kvcache.block_hash",
+    "BlockRemoved": "kvferry.kvcache.events",
+    "BlockStored": "kvferry.kvcache.events",
+    "KVEvent": "kvferry.kvcache.events",
+    "KVPool": "kvferry.kvcache.kv_pool",
+    "KVPoolLayout": "kvferry.kvcache.kv_pool",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'kvferry.kvcache' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

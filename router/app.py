@@ -98,9 +98,10 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await cluster.start()
-        # What is alive now (the imports, torch's among them: ~250k objects) lives as long as the process: out
-        # of the collector's sight. Each full collection traversed all of it (~0.1 s) while requests stream,
-        # and those collections were about a third of the router's CPU at 64 streams (docs/router.md).
+        # What is alive now (the imports: ~75k objects, ~250k when they still brought torch) lives as long as
+        # the process: out of the collector's sight. Each full collection traversed all of it (~0.1 s with
+        # torch) while requests stream, and those collections were about a third of the router's CPU at 64
+        # streams (docs/router.md).
         gc.freeze()
         yield
         await cluster.stop()

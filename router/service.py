@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse, Response
-from kvferry.kvcache import hash_prompt_blocks
+from kvferry.kvcache.block_hash import hash_prompt_blocks
 from kvferry.kvcache.prefix_index import PrefixIndex
 from kvferry.router.admission import Admission
 from kvferry.router.cluster import ClusterState

@@ -1,27 +1,32 @@
-"""KV transfer between nodes: a Mooncake-shaped transfer engine over UCX, and the KV connector on top."""
+"""KV transfer between nodes: a Mooncake-shaped transfer engine over UCX, and the KV connector on top.
 
-from kvferry.transfer.config import TransferConfig
-from kvferry.transfer.engine import TransferEngine
-from kvferry.transfer.errors import (
-    LayoutMismatchError,
-    PeerUnreachableError,
-    TransferError,
-    TransferRejectedError,
-    TransferRetriesExhaustedError,
-    TransferTimeoutError,
-)
-from kvferry.transfer.registry import InMemoryRegistry, PeerRegistry, RedisRegistry
+The names load on first use (PEP 562): the router reads the node registry (kvferry.transfer.registry)
+and must not start UCX, numpy and the engine's C put loop with it.
+"""
 
-__all__ = [
-    "InMemoryRegistry",
-    "LayoutMismatchError",
-    "PeerRegistry",
-    "PeerUnreachableError",
-    "RedisRegistry",
-    "TransferConfig",
-    "TransferEngine",
-    "TransferError",
-    "TransferRejectedError",
-    "TransferRetriesExhaustedError",
-    "TransferTimeoutError",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "TransferConfig": "kvferry.transfer.config",
+    "TransferEngine": "kvferry.transfer.engine",
+    "LayoutMismatchError": "kvferry.transfer.errors",
+    "PeerUnreachableError": "kvferry.transfer.errors",
+    "TransferError": "kvferry.transfer.errors",
+    "TransferRejectedError": "kvferry.transfer.errors",
+    "TransferRetriesExhaustedError": "kvferry.transfer.errors",
+    "TransferTimeoutError": "kvferry.transfer.errors",
+    "InMemoryRegistry": "kvferry.transfer.registry",
+    "PeerRegistry": "kvferry.transfer.registry",
+    "RedisRegistry": "kvferry.transfer.registry",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOMES:
+        raise AttributeError(f"module 'kvferry.transfer' has no attribute {name!r}")
+    return getattr(importlib.import_module(_HOMES[name]), name)

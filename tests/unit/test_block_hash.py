@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from array import array
 
 from kvferry.kvcache import hash_block_tokens, hash_prompt_blocks
 from kvferry.kvcache.block_hash import ROOT_PARENT
@@ -28,3 +29,16 @@ def test_hash_is_stable_across_processes():
     code = "from kvferry.kvcache import hash_prompt_blocks; print(hash_prompt_blocks(list(range(32)), 16, 's'))"
     runs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout for _ in range(2)}
     assert runs == {f"{hash_prompt_blocks(list(range(32)), 16, 's')}\n"}
+
+
+def test_hashes_keep_their_values():
+    # Values the numpy implementation gave (tokens as native int64 bytes): a change of how tokens become
+    # bytes would make every prefix index entry written before it a miss.
+    assert hash_prompt_blocks(list(range(40)), 16, "tiny") == [9183729562198827442, 9192747109728761586]
+    assert hash_block_tokens(7, [151643, 0, 2**31, 5], "m") == 10907134350734173220
+
+
+def test_token_arrays_hash_as_their_values():
+    # The engine's token lists hold ints; an int32 array of the same tokens must chain the same.
+    tokens = list(range(16))
+    assert hash_block_tokens(ROOT_PARENT, array("i", tokens)) == hash_block_tokens(ROOT_PARENT, tokens)
