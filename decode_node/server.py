@@ -9,14 +9,14 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, HTTPException
-from kvferry.engine import RequestOutput
-from kvferry.kvcache import OutOfBlocksError
-from kvferry.transfer.kv_connector import DestinationHandle, KVReceiver
 
 from kvferry.closing_response import ClosingStreamingResponse
+from kvferry.engine import RequestOutput
 from kvferry.internal_api import API_PREFIX, DecodeRequest, GenerateRequest, ReserveRequest, ReserveResponse
+from kvferry.kvcache import OutOfBlocksError
 from kvferry.node_metrics import NodeMetrics
 from kvferry.node_runtime import NodeRuntime, add_common_routes, ndjson_deltas
+from kvferry.transfer.kv_connector import DestinationHandle, KVReceiver
 
 LEASE_SWEEP_SECONDS = 0.25
 

@@ -19,6 +19,7 @@ import os
 
 import torch
 import torch.nn.functional as F
+
 from kvferry.kernels import cpu_linear, reference
 
 BACKEND_VARIABLE = "KVFERRY_KERNELS"

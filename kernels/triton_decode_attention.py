@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
 from kvferry.kernels.triton_attention_common import (
     LOG2_E,
     device_multiprocessors,

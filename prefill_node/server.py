@@ -9,11 +9,11 @@ import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, HTTPException
-from kvferry.transfer import LayoutMismatchError, TransferError
-from kvferry.transfer.kv_connector import DestinationHandle, KVSender
 
 from kvferry.internal_api import API_PREFIX, PrefillRequest, PrefillResponse
 from kvferry.node_runtime import NodeRuntime, add_common_routes
+from kvferry.transfer import LayoutMismatchError, TransferError
+from kvferry.transfer.kv_connector import DestinationHandle, KVSender
 
 
 def create_app(runtime: NodeRuntime) -> FastAPI:

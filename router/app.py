@@ -12,6 +12,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
+
 from kvferry.kvcache.prefix_index import PrefixIndex, prefix_index_from
 from kvferry.router.admission import Admission
 from kvferry.router.auth import PROBE_PATHS, APIKeyMiddleware, bearer_headers, cluster_token_from

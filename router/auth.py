@@ -10,8 +10,9 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from kvferry.router.errors import APIError
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+from kvferry.router.errors import APIError
 
 # KVFERRY_API_KEYS holds a comma-separated list; the operator sets KVFERRY_API_KEY from the auth secret.
 KEYS_ENV = ("KVFERRY_API_KEYS", "KVFERRY_API_KEY")

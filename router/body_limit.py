@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from kvferry.router.errors import APIError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from kvferry.router.errors import APIError
 
 
 class BodyLimitMiddleware:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+
 from kvferry.router.discovery import Discovery
 from kvferry.router.health import HealthTracker
 from kvferry.router.nodes import Endpoint, NodeView

@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from kvferry.router.scheduling.policies import POLICIES, Policy
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvferry.cluster_config import ClusterConfig, load_cluster_config
+from kvferry.router.scheduling.policies import POLICIES, Policy
 
 
 class _Section(BaseModel):

@@ -9,8 +9,9 @@ from collections.abc import Callable
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from kvferry.router.openai_schema import ErrorResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from kvferry.router.openai_schema import ErrorResponse
 
 ERROR_TYPES = {
     400: "invalid_request_error",

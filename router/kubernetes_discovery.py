@@ -17,11 +17,10 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from kvferry.node_config import node_url
 from kvferry.operator.naming import ROLE_LABEL
 from kvferry.router.config import DiscoverySection
 from kvferry.router.nodes import Endpoint, Role
-
-from kvferry.node_config import node_url
 
 log = logging.getLogger(__name__)
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")

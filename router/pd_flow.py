@@ -18,13 +18,13 @@ from typing import Any
 import aiohttp
 import httpx
 import orjson
+
+from kvferry.internal_api import API_PREFIX, SamplingSpec
 from kvferry.router.cluster import ClusterState
 from kvferry.router.errors import APIError, overloaded
 from kvferry.router.metrics import RouterMetrics
 from kvferry.router.node_streams import NodeStreams, StreamErrors, ndjson_batches
 from kvferry.router.scheduling import Decision
-
-from kvferry.internal_api import API_PREFIX, SamplingSpec
 
 log = logging.getLogger(__name__)
 CONTROL_TIMEOUT = httpx.Timeout(10.0, connect=5.0)

@@ -12,6 +12,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import Request
+
+from kvferry.internal_api import SamplingSpec
 from kvferry.kvcache.block_hash import hash_prompt_blocks
 from kvferry.kvcache.prefix_index import PrefixIndex
 from kvferry.router.admission import Admission
@@ -28,9 +31,6 @@ from kvferry.router.scheduling import NoNodeAvailable, Scheduler, SchedulingRequ
 from kvferry.router.scheduling.routing_history import RoutingHistory, combined
 from kvferry.router.sse_response import SSEResponse
 from kvferry.router.streams import merge_streams
-from starlette.requests import Request
-
-from kvferry.internal_api import SamplingSpec
 
 DEFAULT_BLOCK_SIZE = 16  # the nodes' default; their records say when they use another
 GREEDY_BELOW_TEMPERATURE = 1e-5

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
 from kvferry.transfer import protocol, ucp_direct
 from kvferry.transfer.config import TransferConfig
 from kvferry.transfer.errors import (

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import libucx
 import numpy as np
+
 from kvferry.transfer import native
 
 _UCP = ctypes.CDLL(os.path.join(os.path.dirname(libucx.__file__), "lib", "libucp.so"))

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from e2e.kube_cluster import Cluster
+
 from kvferry.operator.crd_model import InferenceClusterSpec
 
 MINIMAL = {"model": {"source": "/models/tiny", "servedName": "tiny"}}

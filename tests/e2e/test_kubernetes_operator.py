@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 from e2e.example_cluster import CHILD_KINDS, EXAMPLE, EXPECTED_CHILDREN, NAME, SELECTOR, example
 from e2e.kube_cluster import TEST_RESYNC_S, Cluster, OperatorProcess
+
 from kvferry.operator.connection import load_configuration
 from kvferry.operator.kube import Kube
 from kvferry.operator.reconcile import ReconcileSettings, reconcile, refresh_status

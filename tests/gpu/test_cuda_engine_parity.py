@@ -15,6 +15,7 @@ import random
 
 import pytest
 import torch
+
 from kvferry.engine import LLM, SamplingParams
 from kvferry.engine.make_model import make_model
 

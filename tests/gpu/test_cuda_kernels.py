@@ -15,6 +15,7 @@ from interpreted_kernels.cases import (
     random_tensor,
     strided_qkv,
 )
+
 from kvferry.kernels import reference
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -7,6 +7,7 @@ import gc
 
 import pytest
 import torch
+
 from kvferry.engine import LLM
 from kvferry.engine.make_model import make_model
 

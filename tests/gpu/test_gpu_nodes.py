@@ -10,8 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import torch
-from kvferry.engine import LLM, SamplingParams
 from support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster, idle
+
+from kvferry.engine import LLM, SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

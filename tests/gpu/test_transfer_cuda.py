@@ -6,10 +6,11 @@ import random
 
 import pytest
 import torch
-from kvferry.transfer import TransferEngine
-from kvferry.transfer.kv_connector import DestinationHandle, KVSender, pool_description
 from support.peer_process import PeerProcess
 from support.transfer_peer import block_digests, fill_random, make_pool
+
+from kvferry.transfer import TransferEngine
+from kvferry.transfer.kv_connector import DestinationHandle, KVSender, pool_description
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

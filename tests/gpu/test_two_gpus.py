@@ -10,11 +10,12 @@ import threading
 
 import pytest
 import torch
+from support.peer_process import PeerProcess
+from support.transfer_peer import block_digests, fill_random, make_pool
+
 from kvferry.engine import EngineArgs, LLMEngine, SamplingParams
 from kvferry.transfer import TransferEngine
 from kvferry.transfer.kv_connector import DestinationHandle, KVSender, pool_description
-from support.peer_process import PeerProcess
-from support.transfer_peer import block_digests, fill_random, make_pool
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from kvferry.engine import LLM
 from kvferry.engine.make_model import ARCHS, make_model
 

@@ -2,6 +2,7 @@ import asyncio
 import time
 
 import pytest
+
 from kvferry.engine import LLM, AsyncLLMEngine, LLMEngine, SamplingParams
 from kvferry.engine.engine_args import EngineArgs
 

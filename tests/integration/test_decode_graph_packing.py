@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from kvferry.engine import SamplingParams
 from kvferry.engine.cuda_graphs import DecodeGraphs
 

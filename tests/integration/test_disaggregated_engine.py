@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+
 from kvferry.engine import LLMEngine, SamplingParams
 from kvferry.engine.engine_args import EngineArgs
 from kvferry.kvcache import OutOfBlocksError

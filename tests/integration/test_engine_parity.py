@@ -6,6 +6,7 @@ import random
 
 import pytest
 import torch
+
 from kvferry.engine import SamplingParams
 
 PROMPT_LENGTHS = (1, 5, 16, 33, 64, 128, 200, 300)

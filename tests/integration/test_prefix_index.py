@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+
 from kvferry.kvcache import BlockRemoved, BlockStored
 from kvferry.kvcache.prefix_index import InMemoryPrefixIndex, RedisPrefixIndex, leading_runs
 

@@ -15,9 +15,10 @@ from itertools import pairwise
 import httpx
 from kubernetes import client, config
 from kubernetes.client import V1PodList
+from support.redis_server import free_port
+
 from kvferry.router.config import DiscoverySection
 from kvferry.router.kubernetes_discovery import KubernetesDiscovery
-from support.redis_server import free_port
 
 PORT = 8000
 SELECTORS = {role: {"kvferry.dev/cluster": "c1", "kvferry.dev/role": role} for role in ("prefill", "decode")}

@@ -1,4 +1,5 @@
 import pytest
+
 from kvferry.engine import SamplingParams
 
 PROMPTS = [{"prompt_token_ids": list(range(5, 5 + n))} for n in (3, 20, 50)]

@@ -9,6 +9,10 @@ import time
 from dataclasses import replace
 
 import pytest
+from support.block_sets import NUM_BLOCKS, fragmented
+from support.peer_process import PeerProcess
+from support.transfer_peer import block_digests, fill_random, make_pool
+
 from kvferry.kvcache.kv_pool import KVPool
 from kvferry.transfer import (
     LayoutMismatchError,
@@ -26,9 +30,6 @@ from kvferry.transfer.kv_connector import (
     coalesce_block_runs,
     pool_description,
 )
-from support.block_sets import NUM_BLOCKS, fragmented
-from support.peer_process import PeerProcess
-from support.transfer_peer import block_digests, fill_random, make_pool
 
 pytest_plugins = ["support.transfer_fixtures"]  # local_engine, peers
 

@@ -9,10 +9,11 @@ import random
 import time
 
 import pytest
-from kvferry.transfer import TransferTimeoutError
-from kvferry.transfer.kv_connector import DestinationHandle, KVReceiver, KVSender, coalesce_block_runs
 from support.block_sets import fragmented
 from support.transfer_peer import block_digests, fill_random
+
+from kvferry.transfer import TransferTimeoutError
+from kvferry.transfer.kv_connector import DestinationHandle, KVReceiver, KVSender, coalesce_block_runs
 
 pytest_plugins = ["support.transfer_fixtures"]  # local_engine, peers
 

@@ -11,12 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support.block_sets import NUM_BLOCKS, fragmented
+from support.transfer_peer import block_digests, fill_random
+
 from kvferry.engine import EngineArgs, LLMEngine, SamplingParams
 from kvferry.kvcache.kv_pool import KVPool
 from kvferry.transfer import TransferEngine, TransferRejectedError
 from kvferry.transfer.kv_connector import KVReceiver
-from support.block_sets import NUM_BLOCKS, fragmented
-from support.transfer_peer import block_digests, fill_random
 
 pytest_plugins = ["support.transfer_fixtures", "support.models"]  # local_engine, peers; tiny_models
 

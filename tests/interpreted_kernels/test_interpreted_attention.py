@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from interpreted_kernels.cases import ATTENTION_TOLERANCE, DTYPES, paged_kv, poisoned, random_tensor
+
 from kvferry.kernels import reference
 from kvferry.kernels.triton_decode_attention import paged_decode_attention
 from kvferry.kernels.triton_prefill_attention import PrefillTiling, paged_prefill_attention

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from interpreted_kernels.cases import DTYPES, poisoned, random_tensor, strided_qkv
+
 from kvferry.engine.model_config import RopeConfig
 from kvferry.engine.rope import cos_sin_cache
 from kvferry.kernels import reference

@@ -15,6 +15,7 @@ from interpreted_kernels.cases import (
     strided_qkv,
 )
 from interpreted_kernels.test_interpreted_elementwise import LLAMA31_ROPE, TOLERANCE
+
 from kvferry.engine.model_config import RopeConfig
 from kvferry.engine.rope import cos_sin_cache
 from kvferry.kernels import reference

@@ -15,10 +15,9 @@ import argparse
 import os
 import sys
 
+from kvferry.cli import main as kvferry_main
 from kvferry.engine.llm_engine import LLMEngine
 from kvferry.transfer.kv_connector import KVSender
-
-from kvferry.cli import main as kvferry_main
 
 
 class InjectedEngineFailure(RuntimeError):

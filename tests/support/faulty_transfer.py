@@ -21,10 +21,11 @@ import sys
 import time
 from collections.abc import Sequence
 
+from support import transfer_peer
+
 from kvferry.transfer import ucp_direct
 from kvferry.transfer.engine import TransferEngine
 from kvferry.transfer.protocol import ControlMessage
-from support import transfer_peer
 
 # UCX's status codes (ucs/type/status.h), as UCX itself reports these failures.
 UCS_ERR_CONNECTION_RESET = -25

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from kvferry.engine import LLM, SamplingParams
 from kvferry.engine.make_model import ARCHS, make_model
 

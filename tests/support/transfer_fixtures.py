@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import pytest
-from kvferry.kvcache.kv_pool import KVPool
-from kvferry.transfer import TransferConfig, TransferEngine
-from kvferry.transfer.kv_connector import pool_description
 from support.block_sets import NUM_BLOCKS
 from support.peer_process import PeerProcess
 from support.transfer_peer import make_pool
+
+from kvferry.kvcache.kv_pool import KVPool
+from kvferry.transfer import TransferConfig, TransferEngine
+from kvferry.transfer.kv_connector import pool_description
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ import os
 import sys
 
 import torch
+
 from kvferry.engine.devices import make_current, resolve_device
 from kvferry.kvcache.kv_pool import KVPool, KVPoolLayout
 from kvferry.transfer import TransferConfig, TransferEngine, TransferError

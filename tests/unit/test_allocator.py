@@ -1,4 +1,5 @@
 import pytest
+
 from kvferry.kvcache import BlockAllocator, BlockRemoved, BlockStored, OutOfBlocksError
 
 

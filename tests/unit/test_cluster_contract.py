@@ -13,14 +13,14 @@ from typing import Any
 
 import pytest
 import yaml
-from kvferry.operator.children import build_children
-from kvferry.operator.naming import ClusterRef
-from kvferry.operator.validation import parse_spec
-from kvferry.router.config import RouterConfig
 
 from kvferry.cli import build_parser, main
 from kvferry.node_config import NodeConfig, node_config_from, node_url
 from kvferry.node_runtime import engine_args_from
+from kvferry.operator.children import build_children
+from kvferry.operator.naming import ClusterRef
+from kvferry.operator.validation import parse_spec
+from kvferry.router.config import RouterConfig
 from kvferry.serve_commands import router_config_from
 
 REPO = Path(__file__).resolve().parents[2]

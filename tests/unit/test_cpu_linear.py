@@ -7,6 +7,7 @@ import gc
 import pytest
 import torch
 import torch.nn.functional as F
+
 from kvferry.kernels import cpu_linear, dispatch
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")

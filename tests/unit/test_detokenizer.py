@@ -1,6 +1,7 @@
+from tokenizers import Tokenizer
+
 from kvferry.engine.detokenizer import IncrementalDetokenizer
 from kvferry.engine.make_model import train_tokenizer
-from tokenizers import Tokenizer
 
 
 def _gpt2_byte_alphabet() -> dict[int, str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from kvferry.engine import EngineArgs
 from kvferry.engine.devices import make_current, resolve_device
 

@@ -3,6 +3,7 @@
 import pytest
 import torch
 import torch.nn.functional as F
+
 from kvferry.kernels import dispatch as kernels
 
 

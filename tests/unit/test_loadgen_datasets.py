@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from kvferry.engine.tokenizer import ModelTokenizer
 
+from kvferry.engine.tokenizer import ModelTokenizer
 from kvferry.loadgen.datasets import (
     RandomSpec,
     SharedPrefixSpec,

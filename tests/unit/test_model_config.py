@@ -1,4 +1,5 @@
 import pytest
+
 from kvferry.engine.model_config import ModelConfig, UnsupportedModelError
 from kvferry.engine.rope import inverse_frequencies
 

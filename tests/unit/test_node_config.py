@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 
 import pytest
-from kvferry.engine.devices import resolve_device
 
+from kvferry.engine.devices import resolve_device
 from kvferry.node_config import NodeConfig, add_node_arguments, node_config_from, transfer_environment
 from kvferry.node_runtime import engine_args_from
 

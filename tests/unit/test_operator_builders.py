@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+
 from kvferry.operator.build_config import build_config_map, config_hash
 from kvferry.operator.build_rbac import build_router_role, build_router_role_binding
 from kvferry.operator.build_redis import build_redis_deployment, build_redis_service

@@ -6,10 +6,10 @@ import re
 from pathlib import Path
 
 import yaml
-from kvferry.operator.crd import CHART_CRD_PATH
-from kvferry.operator.validation import parse_spec
 
 from kvferry import __version__
+from kvferry.operator.crd import CHART_CRD_PATH
+from kvferry.operator.validation import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kvferry"

@@ -6,9 +6,8 @@ import argparse
 import subprocess
 import sys
 
-from kvferry.operator.command import register
-
 from kvferry.cli import COMMAND_MODULES
+from kvferry.operator.command import register
 
 
 def test_registered_in_the_cli() -> None:

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from kvferry.operator.crd import CHART_CRD_PATH, main, render_crd, render_crd_yaml
 from kvferry.operator.crd_model import InferenceClusterSpec
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import pytest
-from kvferry.operator.openapi import structural_schema
 from pydantic import BaseModel, ConfigDict, Field
+
+from kvferry.operator.openapi import structural_schema
 
 
 class Inner(BaseModel):

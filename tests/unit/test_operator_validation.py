@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from kvferry.operator.model_source import MODEL_MOUNT_PATH, parse_model_source
 from kvferry.operator.validation import InvalidSpec, parse_spec
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import yaml
+from pydantic import ValidationError
+
 from kvferry.operator.build_config import build_cluster_config
 from kvferry.operator.naming import ClusterRef
 from kvferry.operator.validation import parse_spec
 from kvferry.router.config import load_config
-from pydantic import ValidationError
 
 
 def test_the_operators_cluster_json_configures_model_redis_and_kubernetes_discovery(tmp_path):

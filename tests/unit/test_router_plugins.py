@@ -4,6 +4,7 @@ two example plugins."""
 from __future__ import annotations
 
 import pytest
+
 from kvferry.router.config import PluginSection
 from kvferry.router.errors import APIError
 from kvferry.router.example_plugins import RegexPromptGuard, SystemPromptInjector

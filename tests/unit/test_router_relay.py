@@ -8,11 +8,12 @@ import asyncio
 import aiohttp
 import pytest
 from aiohttp.base_protocol import BaseProtocol
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
 from kvferry.router.metrics import TOKEN_GAP_BUCKETS, BulkHistogram
 from kvferry.router.node_streams import ndjson_batches
 from kvferry.router.responses import ResponseShape, sse
 from kvferry.router.sse_response import SSEResponse
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 TEXTS = ["", " the", 'a "quoted" \\ back\nslash', "é 🚀 \x00 \u2028"]
 

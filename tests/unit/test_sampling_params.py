@@ -1,4 +1,5 @@
 import pytest
+
 from kvferry.engine import SamplingParams
 
 

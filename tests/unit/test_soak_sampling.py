@@ -10,10 +10,10 @@ from collections.abc import Callable
 
 import anyio.to_thread
 import pytest
-from kvferry.router.metrics import RouterMetrics
 from support.benchmarks_package import import_benchmark
 
 from kvferry.node_metrics import NodeMetrics
+from kvferry.router.metrics import RouterMetrics
 
 soak_sampling = import_benchmark("soak_sampling")
 TASKS_GAUGE = soak_sampling.TASKS_GAUGE

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kvferry.transfer.engine import MAX_RANGES_PER_BATCH, batch_columns, merge_adjacent
 
 

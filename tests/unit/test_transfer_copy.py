@@ -9,9 +9,9 @@ import ctypes
 
 import numpy as np
 import pytest
+
 from kvferry.transfer import ucp_direct
 from kvferry.transfer.ucp_direct import PARALLEL_COPY_BYTES, copy_ranges
-
 from tests.unit.test_transfer_native import PUT, UCS_ERR_CONNECTION_RESET
 
 TOTAL = 2 * PARALLEL_COPY_BYTES

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from kvferry.transfer import native, ucp_direct
 
 UCS_ERR_CONNECTION_RESET = -25

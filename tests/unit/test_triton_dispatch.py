@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from kvferry.kernels.dispatch import BACKEND_VARIABLE, use_triton
 
 
