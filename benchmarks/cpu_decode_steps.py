@@ -17,10 +17,10 @@ import statistics
 import time
 
 import torch
-from kvferry.engine import LLM, SamplingParams
-from kvferry.kernels import cpu_linear
 
 from benchmarks.common import cached_model, environment, print_table, write_results
+from kvferry.engine import LLM, SamplingParams
+from kvferry.kernels import cpu_linear
 
 BATCHES = (1, 2, 3, 4, 8)
 PROMPT_TOKENS = 512

@@ -21,10 +21,9 @@ import os
 import tempfile
 from pathlib import Path
 
-from kvferry.engine.tokenizer import ModelTokenizer
-
 from benchmarks.common import cached_model, environment, print_table, write_results
 from benchmarks.serving_cluster import NodeSpec, ServingCluster, counter_total, offer
+from kvferry.engine.tokenizer import ModelTokenizer
 from kvferry.loadgen.client import Endpoint
 from kvferry.loadgen.datasets import RandomSpec, TokenWords, random_requests
 from kvferry.loadgen.metrics import Slo, summarize

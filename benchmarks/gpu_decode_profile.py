@@ -18,10 +18,10 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from kvferry.engine import LLMEngine
-from kvferry.engine.engine_args import EngineArgs
 
 from benchmarks.gpu_serving import graph_replay_ms, prompts, run_kvferry_case
+from kvferry.engine import LLMEngine
+from kvferry.engine.engine_args import EngineArgs
 
 REPO = Path(__file__).resolve().parents[1]
 

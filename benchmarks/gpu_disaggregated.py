@@ -166,11 +166,10 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--lengths", default=",".join(map(str, PROMPT_LENGTHS)), help="prompt lengths, comma-separated")
     args = parser.parse_args()
+    from benchmarks.common import environment
     from kvferry.engine import LLMEngine
     from kvferry.transfer import TransferEngine
     from kvferry.transfer.kv_connector import KVSender, pool_description
-
-    from benchmarks.common import environment
 
     registry = f"file://{tempfile.mkdtemp(prefix='kvferry-registry-')}"
     prefill = LLMEngine(args.model, engine_args(0.42))  # first on the card: the decode process's share counts this one's

@@ -25,12 +25,12 @@ import time
 from pathlib import Path
 
 import torch
-from kvferry.engine import LLMEngine, SamplingParams
-from kvferry.engine.engine_args import EngineArgs
-from kvferry.engine.make_model import make_model
 
 from benchmarks.common import environment
 from benchmarks.gpu_roofline import Roofline, copy_bandwidth, matmul_rate, model_cost
+from kvferry.engine import LLMEngine, SamplingParams
+from kvferry.engine.engine_args import EngineArgs
+from kvferry.engine.make_model import make_model
 
 REPO = Path(__file__).resolve().parents[1]
 

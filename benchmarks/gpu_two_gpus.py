@@ -39,10 +39,6 @@ import torch
 # memory and NVSHMEM read these when they start (nothing here starts them); every child process inherits them.
 os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
 
-from kvferry.engine.devices import make_current, resolve_device
-from kvferry.engine.engine_args import EngineArgs
-from kvferry.engine.tokenizer import ModelTokenizer
-
 from benchmarks.common import cached_model, environment, print_table
 from benchmarks.disagg_vs_colocated import FALLBACKS, row, unloaded
 from benchmarks.gpu_disaggregated import (
@@ -55,6 +51,9 @@ from benchmarks.gpu_disaggregated import (
 )
 from benchmarks.serving_cluster import NODE_ARGS, NodeSpec, ServingCluster, counter_total, offer
 from benchmarks.transfer_cuda import SHAPE
+from kvferry.engine.devices import make_current, resolve_device
+from kvferry.engine.engine_args import EngineArgs
+from kvferry.engine.tokenizer import ModelTokenizer
 from kvferry.loadgen.client import Endpoint
 from kvferry.loadgen.datasets import RandomSpec, TokenWords, random_requests
 from kvferry.loadgen.metrics import Slo

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from kvferry.kernels.triton_decode_attention import DecodeTiling, paged_decode_attention
-from kvferry.kernels.triton_prefill_attention import PrefillTiling, paged_prefill_attention
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from benchmarks.common import RESULTS, print_table
+from kvferry.kernels.triton_decode_attention import DecodeTiling, paged_decode_attention
+from kvferry.kernels.triton_prefill_attention import PrefillTiling, paged_prefill_attention
 
 Q_HEADS, KV_HEADS, HEAD_DIM, BLOCK_SIZE, DTYPE = 32, 8, 128, 16, torch.bfloat16
 DECODE_BATCHES = (1, 16, 64, 256)

@@ -17,9 +17,9 @@ import sys
 import time
 
 import torch
-from kvferry.engine import LLM, SamplingParams
 
 from benchmarks.common import cached_model, environment, print_table, write_results
+from kvferry.engine import LLM, SamplingParams
 
 
 def make_case(name: str, count: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:

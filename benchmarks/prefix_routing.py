@@ -29,10 +29,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from kvferry.engine.tokenizer import ModelTokenizer
-
 from benchmarks.common import cached_model, environment, print_table, write_results
 from benchmarks.serving_cluster import NodeSpec, RouterSpec, ServingCluster, counter_total, offer
+from kvferry.engine.tokenizer import ModelTokenizer
 from kvferry.loadgen.client import Endpoint
 from kvferry.loadgen.datasets import (
     RandomSpec,

@@ -18,10 +18,10 @@ import time
 from pathlib import Path
 
 import torch
-from kvferry.transfer import TransferEngine
-from kvferry.transfer.kv_connector import DestinationHandle, KVSender, pool_description
 
 from benchmarks.common import environment, print_table, write_results
+from kvferry.transfer import TransferEngine
+from kvferry.transfer.kv_connector import DestinationHandle, KVSender, pool_description
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 
 import torch
+
 from kvferry.engine.attention_metadata import AttentionMetadata
 from kvferry.engine.model import CausalLM
 from kvferry.kvcache.allocator import NULL_BLOCK_ID

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from kvferry.engine.gguf_tokenizer import GGUFTokenizerError, build_tokenizer
 from kvferry.engine.model_config import ModelConfig, UnsupportedModelError
 
@@ -152,8 +153,9 @@ def _dequantized(tensor: Any) -> np.ndarray:
 
 def _write_weights(tensors: list[Any], config: dict[str, Any], out: Path, progress: Progress) -> None:
     # Imported here: weights.py loads torch, which resolving an already imported file does not need.
-    from kvferry.engine.weights import INDEX_FILE, share_weights_file
     from safetensors.numpy import save_file
+
+    from kvferry.engine.weights import INDEX_FILE, share_weights_file
 
     permute = {"self_attn.q_proj": config["num_attention_heads"], "self_attn.k_proj": config["num_key_value_heads"]}
     shard: dict[str, np.ndarray] = {}

@@ -8,6 +8,7 @@ pass also compiles the prefill kernels, so the first request does not pay for th
 from __future__ import annotations
 
 import torch
+
 from kvferry.engine.attention_metadata import AttentionMetadata
 from kvferry.engine.engine_args import EngineArgs
 from kvferry.engine.model import CausalLM

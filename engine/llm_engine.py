@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
 from kvferry.engine.block_manager import BlockManager
 from kvferry.engine.cuda_graphs import DecodeGraphs
 from kvferry.engine.detokenizer import IncrementalDetokenizer

@@ -13,10 +13,11 @@ from importlib import resources
 from pathlib import Path
 
 import torch
-from kvferry.engine.model_shapes import SIZES, ModelShape
-from kvferry.engine.weights import INDEX_FILE, share_weights_file
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+from kvferry.engine.model_shapes import SIZES, ModelShape
+from kvferry.engine.weights import INDEX_FILE, share_weights_file
 
 ARCHS = ("llama", "qwen2", "qwen3")
 BOS, EOS, IM_START, IM_END = "<|begin_of_text|>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
 from kvferry.engine.attention_metadata import AttentionMetadata
 from kvferry.engine.model_config import ModelConfig
 from kvferry.engine.rope import cos_sin_cache

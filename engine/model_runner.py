@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from kvferry.engine.attention_metadata import AttentionMetadata
 from kvferry.engine.cuda_graphs import CONTEXT_LEN, POSITION, SLOT, TOKEN, DecodeGraphs
 from kvferry.engine.model import CausalLM

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from kvferry.cache_dir import cache_dir
 from kvferry.engine.default_model import (
     GGUF_NAME,
     GGUF_SHA256,
@@ -29,8 +30,6 @@ from kvferry.engine.default_model import (
     fetch_default_gguf,
 )
 from kvferry.engine.gguf_import import GGUFImportError
-
-from kvferry.cache_dir import cache_dir
 
 TINY_RANDOM = "tiny-random"
 DEFAULT_MODEL = SERVED_NAME

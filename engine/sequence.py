@@ -6,6 +6,7 @@ import enum
 import itertools
 
 import torch
+
 from kvferry.engine.detokenizer import IncrementalDetokenizer
 from kvferry.engine.sampling_params import SamplingParams
 

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+
 from kvferry.engine.model import LayerWeights, ModelWeights
 from kvferry.engine.model_config import ModelConfig
-from safetensors import safe_open
 
 INDEX_FILE = "model.safetensors.index.json"
 

@@ -12,12 +12,11 @@ import hashlib
 import json
 from typing import Any
 
+from kvferry.cluster_config import ClusterConfig
 from kvferry.operator.build_redis import redis_url
 from kvferry.operator.crd_model import InferenceClusterSpec
 from kvferry.operator.model_source import parse_model_source
 from kvferry.operator.naming import CLUSTER_LABEL, NODE_ROLES, ROLE_LABEL, ClusterRef, child_metadata
-
-from kvferry.cluster_config import ClusterConfig
 
 CONFIG_DIR = "/etc/kvferry"
 CONFIG_FILE = "cluster.json"

@@ -65,6 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     # Imported here so that `kvferry --help` does not load kopf and the Kubernetes client.
     import kopf
+
     from kvferry.operator.reconcile import ReconcileSettings
     from kvferry.operator.runner import OperatorConfig, run_operator
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from kvferry.operator.crd_model import InferenceClusterSpec, InferenceClusterStatus
 from kvferry.operator.naming import (
     CRD_NAME,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from kvferry.operator.model_source import SUPPORTED_FORMS, parse_model_source
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -24,6 +23,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from kvferry import __version__
+from kvferry.operator.model_source import SUPPORTED_FORMS, parse_model_source
 
 # What `make image` builds and imports into the node's container runtime: no registry needs to be reachable.
 DEFAULT_IMAGE = f"localhost/kvferry:{__version__}"

@@ -14,6 +14,7 @@ from typing import Any
 
 import kopf
 from kubernetes.client import Configuration
+
 from kvferry.operator.connection import kopf_connection_info
 from kvferry.operator.kube import Kube
 from kvferry.operator.naming import GROUP, MANAGED_BY, PLURAL, VERSION, controller_owner

@@ -12,6 +12,7 @@ from typing import Any
 
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
+
 from kvferry.operator.naming import FIELD_MANAGER, KIND, PLURAL
 
 JSON = "application/json"

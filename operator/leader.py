@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+
 from kvferry.operator.kube import Kube
 
 LEASE_API_VERSION = "coordination.k8s.io/v1"

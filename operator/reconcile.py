@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+
 from kvferry.operator.children import CHILD_KINDS, build_children
 from kvferry.operator.crd_model import InferenceClusterSpec
 from kvferry.operator.kube import Kube

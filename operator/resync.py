@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from kubernetes.client.exceptions import ApiException
+
 from kvferry.operator.kube import Kube
 from kvferry.operator.naming import API_VERSION, KIND
 from kvferry.operator.reconcile import ReconcileSettings, reconcile

@@ -9,6 +9,7 @@ import threading
 from dataclasses import dataclass
 
 from kubernetes.client import Configuration
+
 from kvferry.operator.connection import load_configuration
 from kvferry.operator.handlers import build_registry
 from kvferry.operator.health import start_health_server

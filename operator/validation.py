@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvferry.operator.crd_model import InferenceClusterSpec
 from pydantic import ValidationError
+
+from kvferry.operator.crd_model import InferenceClusterSpec
 
 
 class InvalidSpec(ValueError):

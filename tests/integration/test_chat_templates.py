@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from jinja2.exceptions import SecurityError, TemplateError
+
 from kvferry.engine.make_model import BOS, IM_END, train_tokenizer
 from kvferry.engine.tokenizer import ModelTokenizer, NoChatTemplateError
 from kvferry.router.errors import APIError

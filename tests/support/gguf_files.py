@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+
 from kvferry.engine.make_model import train_tokenizer
 
 HIDDEN, LAYERS, HEADS, FFN = 64, 2, 4, 128

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from kvferry.engine.model_source import default_gguf, default_model
 
 
