@@ -77,12 +77,13 @@ def fail_flushes(count: int) -> None:
 
 
 def stop_after_ready(nth: int) -> None:
-    original = TransferEngine._on_write
+    original = TransferEngine._dispatch
     left = [nth]
 
-    def on_write(self: TransferEngine, message: ControlMessage) -> None:
+    def dispatch(self: TransferEngine, message: ControlMessage) -> None:
+        before = self.in_flight()
         original(self, message)
-        if (message["sender"], message["op"]) not in self._inbound:  # refused: not a write it accepted
+        if message.kind != "write" or self.in_flight() == before:  # not a write it accepted
             return
         left[0] -= 1
         if left[0] == 0:
@@ -94,7 +95,7 @@ def stop_after_ready(nth: int) -> None:
             # this sleep it ran on long enough to handle write_complete and acknowledge (seen under load).
             time.sleep(0.1)
 
-    TransferEngine._on_write = on_write  # type: ignore[method-assign]
+    TransferEngine._dispatch = dispatch  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvferry.transfer.engine import MAX_RANGES_PER_BATCH, batch_columns, merge_adjacent
+from kvferry.transfer.batch import MAX_RANGES_PER_BATCH, batch_columns, merge_adjacent
 
 
 def test_runs_contiguous_on_both_sides_merge_and_nothing_else_does() -> None:

@@ -1,0 +1,67 @@
+"""Control messages on the wire: sent to a peer by name, received into receives kept posted for any peer,
+decoded (malformed ones counted and dropped) and handed to the engine's handler for their kind."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from kvferry.transfer import protocol
+from kvferry.transfer.operation import Operation
+from kvferry.transfer.peers import Peers
+from kvferry.transfer.ucx import Request, UcxWorker, request_error
+
+log = logging.getLogger(__name__)
+
+
+class ControlChannel:
+    def __init__(
+        self, worker: UcxWorker, peers: Peers, local_name: str, receives: int, stats: dict[str, int],
+        closing: threading.Event, handle: Callable[[protocol.ControlMessage], None],
+    ) -> None:
+        self._worker = worker
+        self._peers = peers
+        self._local_name = local_name
+        self._receives = receives
+        self._stats = stats
+        self._closing = closing
+        self._handle = handle
+        self._posted: list[tuple[Request, bytearray]] = []
+        for _ in range(receives):  # several, so that several peers can talk at once
+            self._post_receive()
+
+    def send(self, peer: str, track: Operation | None, kind: str, refresh: bool = False, **fields: Any) -> None:
+        """Send a control message; `track` (the operation it belongs to) keeps it alive and polls it;
+        `refresh` (a new operation) asks the registry for the peer's current address first."""
+        message = protocol.encode(kind, sender=self._local_name, **fields)
+        request = UcxWorker.send(self._peers.endpoint(peer, refresh=refresh), message, protocol.CONTROL_TAG)
+        if track is not None:
+            track.requests.append(request)
+            track.keep.append(message)
+
+    def poll(self) -> None:
+        """Handle the control messages that arrived, and post receives in place of theirs."""
+        pending = []
+        for request, buffer in self._posted:
+            if not request.completed:
+                pending.append((request, buffer))
+                continue
+            if request_error(request) is None:
+                try:
+                    message = protocol.decode(memoryview(buffer))
+                except protocol.MalformedMessage as exc:
+                    self._stats["malformed_messages"] += 1
+                    log.warning("dropped a malformed control message: %s", exc)
+                    continue
+                log.debug("%s <- %s op %s from %s", self._local_name, message.kind, message.fields.get("op"),
+                          message.fields.get("sender"))
+                self._handle(message)
+        self._posted = pending
+        while len(self._posted) < self._receives and not self._closing.is_set():
+            self._post_receive()
+
+    def _post_receive(self) -> None:
+        buffer = bytearray(protocol.CONTROL_BUFFER_BYTES)
+        self._posted.append((self._worker.recv_any(buffer, protocol.CONTROL_TAG), buffer))
