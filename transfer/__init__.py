@@ -6,8 +6,7 @@ and must not start UCX, numpy and the engine's C put loop with it.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from kvferry.lazy_names import lazy_names
 
 _HOMES = {
     "TransferConfig": "kvferry.transfer.config",
@@ -25,8 +24,4 @@ _HOMES = {
 
 __all__ = sorted(_HOMES)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _HOMES:
-        raise AttributeError(f"module 'kvferry.transfer' has no attribute {name!r}")
-    return getattr(importlib.import_module(_HOMES[name]), name)
+__getattr__ = lazy_names(__name__, _HOMES)
