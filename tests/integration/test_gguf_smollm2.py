@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from safetensors.torch import load_file
-from support.real_model import MAX_NEW_TOKENS
+from support.real_model import MAX_NEW_TOKENS, engine_prompt
 
 from kvferry.engine import LLM, SamplingParams
 from kvferry.engine.model_config import ModelConfig
@@ -69,17 +69,13 @@ def test_chat_prompts_render_and_tokenize_as_transformers(smollm2, smollm2_greed
         assert tokenizer.encode(rendered, add_special_tokens=False) == case.prompt_ids
 
 
-def _prompt(case) -> dict | str:
-    return {"prompt_token_ids": case.prompt_ids} if case.chat else case.text
-
-
 @pytest.mark.slow
 def test_greedy_output_equals_transformers_one_at_a_time_and_batched(llm, smollm2_greedy):
     params = SamplingParams(max_tokens=MAX_NEW_TOKENS, temperature=0)
     expected = [case.output_ids for case in smollm2_greedy]
-    alone = [llm.generate(_prompt(case), params)[0].outputs[0].token_ids for case in smollm2_greedy]
+    alone = [llm.generate(engine_prompt(case), params)[0].outputs[0].token_ids for case in smollm2_greedy]
     assert alone == expected
-    batched = llm.generate([_prompt(case) for case in smollm2_greedy], params)
+    batched = llm.generate([engine_prompt(case) for case in smollm2_greedy], params)
     assert [output.outputs[0].token_ids for output in batched] == expected
     paris = next(output for case, output in zip(smollm2_greedy, batched, strict=True) if "France" in case.text and case.chat)
     assert paris.outputs[0].text == "The capital of France is Paris."

@@ -67,12 +67,11 @@ class GreedyCase:
     output_ids: list[int]  # transformers' greedy continuation, float32, up to MAX_NEW_TOKENS, eos included
 
 
-@pytest.fixture(scope="session")
-def smollm2_greedy(smollm2_reference: Reference) -> list[GreedyCase]:
-    """transformers' greedy answers to CHAT_PROMPTS and RAW_PROMPTS, one prompt at a time (no padding)."""
+def greedy_cases(model: Any, tokenizer: Any, max_new_tokens: int = MAX_NEW_TOKENS) -> list[GreedyCase]:
+    """transformers' greedy answers to CHAT_PROMPTS and RAW_PROMPTS, one prompt at a time (no padding),
+    computed where `model` is and in its dtype."""
     import torch
 
-    tokenizer, model = smollm2_reference.tokenizer, smollm2_reference.model
     cases = []
     for chat, texts in ((True, CHAT_PROMPTS), (False, RAW_PROMPTS)):
         for text in texts:
@@ -81,6 +80,18 @@ def smollm2_greedy(smollm2_reference: Reference) -> list[GreedyCase]:
             # A chat prompt's special tokens are in the rendered text; a raw prompt gets what the tokenizer adds.
             prompt_ids = tokenizer(rendered, add_special_tokens=not chat).input_ids
             with torch.no_grad():
-                output = model.generate(torch.tensor([prompt_ids]), max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+                prompt = torch.tensor([prompt_ids], device=model.device)
+                output = model.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False)
             cases.append(GreedyCase(text, chat, rendered, prompt_ids, output[0, len(prompt_ids):].tolist()))
     return cases
+
+
+def engine_prompt(case: GreedyCase) -> dict[str, list[int]] | str:
+    """The case as the engine takes it: a chat prompt as transformers' tokens, a raw one as text."""
+    return {"prompt_token_ids": case.prompt_ids} if case.chat else case.text
+
+
+@pytest.fixture(scope="session")
+def smollm2_greedy(smollm2_reference: Reference) -> list[GreedyCase]:
+    """transformers' float32 greedy answers on the CPU (greedy_cases)."""
+    return greedy_cases(smollm2_reference.model, smollm2_reference.tokenizer)
