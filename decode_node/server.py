@@ -46,7 +46,8 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         runtime.engine.run_locked(lambda engine: engine.cancel_reservation(request_id))
 
     receiver = KVReceiver(
-        runtime.transfer, runtime.engine.engine.pool, runtime.model_name, runtime.config.lease_seconds, on_expired=free_expired
+        runtime.transfer, runtime.engine.engine.pool, runtime.model_name, runtime.config.lease_seconds,
+        on_expired=free_expired, on_received=metrics.received_bytes.inc,
     )
 
     @contextlib.asynccontextmanager

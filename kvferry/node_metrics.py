@@ -56,6 +56,7 @@ class NodeMetrics:
         self.prefix_queries = counter("kvferry:prefix_cache_queries_tokens", "Prompt tokens looked up in the prefix cache")
         self.prefix_hits = counter("kvferry:prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache")
         self.transfer_bytes = counter("kvferry:kv_transfer_bytes", "KV bytes sent to decode nodes")
+        self.received_bytes = counter("kvferry:kv_received_bytes", "KV bytes received from prefill nodes")
         self.transfer_failures = counter("kvferry:kv_transfer_failures", "KV transfers that failed")
         self.local_prefills = counter("kvferry:local_prefills", "Prompts a decode node prefilled itself")
         self.aborts = counter("kvferry:aborted_requests", "Running requests aborted (client gone, router cancel)")

@@ -102,12 +102,15 @@ class KVReceiver:
         model: str,
         lease_seconds: float = 5.0,
         on_expired: Callable[[str, list[int]], None] | None = None,
+        on_received: Callable[[int], None] | None = None,
     ) -> None:
         self.engine = engine
         self.pool = pool
         self.model = model
         self.lease_seconds = lease_seconds
         self.on_expired = on_expired
+        # Called with the byte count of each write admitted into a lease, on the transfer engine's thread.
+        self.on_received = on_received
         self.block_bytes = pool.block_bytes()
         self.base = pool.tensor.data_ptr()
         self._leases: dict[str, _Lease] = {}
@@ -208,6 +211,8 @@ class KVReceiver:
             for address, length in ranges:  # inside the lease: the guard admitted nothing else
                 first = (address - self.base) // self.block_bytes
                 lease.missing.difference_update(range(first, first + length // self.block_bytes))
+            if self.on_received is not None:
+                self.on_received(sum(length for _, length in ranges))
             if lease.missing:
                 return
             lease.ok = True

@@ -107,13 +107,15 @@ def test_the_token_opens_the_internal_api(cluster):
 def test_a_greedy_request_through_the_router_carries_the_token_to_both_nodes(cluster):
     prompt = list(range(3, 60))
     transferred = cluster.metric("prefill-0", "kvferry:kv_transfer_bytes_total")
+    received = cluster.metric("decode-0", "kvferry:kv_received_bytes_total")
     local = cluster.metric("decode-0", "kvferry:local_prefills_total")
     body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
     response = httpx.post(f"{cluster.router}/v1/completions", json=body, headers=bearer(API_KEY), timeout=60)
     assert response.status_code == 200, response.text
     tokens = response.json()["choices"][0]["token_ids"]
     # The prefill node did the prompt and its KV reached the decode node over UCX: no local fallback.
-    assert cluster.metric("prefill-0", "kvferry:kv_transfer_bytes_total") > transferred
+    sent = cluster.metric("prefill-0", "kvferry:kv_transfer_bytes_total") - transferred
+    assert sent > 0 and cluster.metric("decode-0", "kvferry:kv_received_bytes_total") - received == sent
     assert cluster.metric("decode-0", "kvferry:local_prefills_total") == local
     # The reference: the decode node alone (its own prefill), called with the token.
     sampling = {"temperature": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
