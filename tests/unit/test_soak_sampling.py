@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import tempfile
-import threading
+import subprocess
+import sys
 from collections.abc import Callable
 
 import anyio.to_thread
@@ -53,21 +52,35 @@ def test_task_gauge_is_zero_outside_any_event_loop() -> None:
     assert gauge_value(SCRAPES["router"]().decode(), TASKS_GAUGE) == 0
 
 
+# A fresh interpreter that, when told, opens 7 files, starts a thread and writes 64 MiB. Fresh, because a
+# long-lived process (pytest after hundreds of tests) may serve the 64 MiB from memory it already holds.
+GROWING_CHILD = """
+import sys, tempfile, threading
+sys.stdin.readline()
+files = [tempfile.TemporaryFile() for _ in range(7)]
+ballast = b"\\x01" * (64 << 20)
+stop = threading.Event()
+threading.Thread(target=stop.wait).start()
+print("grown", flush=True)
+sys.stdin.readline()
+stop.set()
+"""
+
+
 def test_proc_usage_sees_descriptors_threads_and_memory_of_a_live_process() -> None:
-    rss_before, fds_before, threads_before = proc_usage(os.getpid())
-    stop = threading.Event()
-    thread = threading.Thread(target=stop.wait, args=(10,))
-    thread.start()
-    files = [tempfile.TemporaryFile() for _ in range(7)]  # noqa: SIM115 - closed below
-    ballast = b"\x01" * (64 << 20)  # written, so resident
+    child = subprocess.Popen([sys.executable, "-c", GROWING_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
     try:
-        rss, fds, threads = proc_usage(os.getpid())
+        rss_before, fds_before, threads_before = proc_usage(child.pid)
+        child.stdin.write("grow\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == "grown\n"
+        rss, fds, threads = proc_usage(child.pid)
+        child.stdin.write("stop\n")
+        child.stdin.flush()
+        assert child.wait(timeout=30) == 0
     finally:
-        stop.set()
-        thread.join()
-        for file in files:
-            file.close()
-        del ballast
+        child.kill()
     assert fds - fds_before == 7
     assert threads - threads_before == 1
     assert rss - rss_before >= 60
