@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from cluster.kube_tools import KubeTools, find_kubectl
+
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "helm")
@@ -61,11 +63,6 @@ CONTROLLERS = (
 _PR_SET_PDEATHSIG = 1
 
 
-def find_kubectl() -> str:
-    """kubectl on PATH, else the image's /usr/bin/kubectl."""
-    return shutil.which("kubectl") or "/usr/bin/kubectl"
-
-
 def default_bin_dir() -> Path:
     """The cache folder build.sh puts the binaries of the pinned versions in."""
     out = subprocess.run(
@@ -86,13 +83,6 @@ def missing_binaries(bin_dir: Path) -> list[str]:
 
 class ControlPlaneError(RuntimeError):
     """A component did not come up; the message holds the tail of its log."""
-
-
-class KubeCommandError(subprocess.CalledProcessError):
-    """kubectl or helm failed; unlike CalledProcessError's, the message says what the tool printed."""
-
-    def __str__(self) -> str:
-        return f"{super().__str__()}\nstdout:\n{self.stdout}\nstderr:\n{self.stderr}"
 
 
 @dataclass
@@ -177,26 +167,19 @@ def _openssl(*args: str) -> None:
         raise ControlPlaneError(f"openssl {args[0]} failed: {done.stderr.strip()}")
 
 
-class ControlPlane:
+class ControlPlane(KubeTools):
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok with fake Nodes.
 
     Use it as a context manager, or call start() and stop(); stop() is safe after a failed start().
+    `kubectl(...)` and `helm(...)` (KubeTools) run against it.
     """
 
     def __init__(self, bin_dir: Path | None = None, *, timeout: float = 90.0) -> None:
         self.bin_dir: Path = bin_dir or default_bin_dir()
         self.timeout = timeout
         self.workdir = Path(tempfile.mkdtemp(prefix="kvferry-kube-"))
-        self.kubeconfig: str = str(self.workdir / "admin.kubeconfig")
+        super().__init__(self.workdir / "admin.kubeconfig", self.bin_dir / "helm", self.workdir)
         self.server: str = f"https://127.0.0.1:{_free_port()}"
-        self.env: dict[str, str] = {
-            **os.environ,
-            "KUBECONFIG": self.kubeconfig,
-            # helm keeps repositories and caches under these; inside workdir no test touches ~/.config.
-            "HELM_CACHE_HOME": str(self.workdir / "helm" / "cache"),
-            "HELM_CONFIG_HOME": str(self.workdir / "helm" / "config"),
-            "HELM_DATA_HOME": str(self.workdir / "helm" / "data"),
-        }
         self._components: list[_Component] = []
         self._ssl: ssl.SSLContext | None = None
 
@@ -230,24 +213,6 @@ class ControlPlane:
         for component in reversed(self._components):
             _terminate(component.process)
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def kubectl(
-        self, *args: str, input: str | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
-        """Run kubectl against this cluster; with check, a failure raises KubeCommandError."""
-        return self._run([find_kubectl(), f"--kubeconfig={self.kubeconfig}", *args], input, check)
-
-    def helm(
-        self, *args: str, input: str | None = None, check: bool = True
-    ) -> subprocess.CompletedProcess[str]:
-        """Run the built helm against this cluster; with check, a failure raises KubeCommandError."""
-        return self._run([str(self.bin_dir / "helm"), f"--kubeconfig={self.kubeconfig}", *args], input, check)
-
-    def _run(self, argv: list[str], input: str | None, check: bool) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run(argv, input=input, text=True, capture_output=True, env=self.env)
-        if check and done.returncode != 0:
-            raise KubeCommandError(done.returncode, argv, done.stdout, done.stderr)
-        return done
 
     def _start(self) -> None:
         pki = _Pki(self.workdir / "pki")

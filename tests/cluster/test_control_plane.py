@@ -10,8 +10,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from cluster.control_plane import ControlPlane, ControlPlaneError, KubeCommandError
+from cluster.control_plane import ControlPlane, ControlPlaneError
 from cluster.fixtures import require_binaries
+from cluster.kube_tools import KubeCommandError
 from cluster.waiting import wait_until
 
 # Also the tests that start their own ControlPlane rather than use the `kube` fixture.
