@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
         lease_namespace=lease_namespace,
         lease_duration_s=args.lease_duration,
         identity=args.identity or os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
+        # The pod's uid (downward API) only with the pod's own name as the identity: the owner reference names both.
+        pod_uid=os.environ.get("POD_UID") if not args.identity else None,
         resync_s=args.resync_seconds,
         health_host=args.health_host,
         health_port=args.health_port,

@@ -36,6 +36,10 @@ class LeaseElector:
     namespace: str
     identity: str
     duration_s: float
+    # The uid of the pod this replica runs in (the identity is its name): every write makes that pod the
+    # Lease's owner, so the Lease goes with the last pod that held it, `helm uninstall` included, even
+    # when a terminating replica writes it once more. None outside a pod: the Lease then stays.
+    pod_uid: str | None = None
     leading: bool = field(default=False, init=False)
     _observed: tuple[Any, ...] | None = field(default=None, init=False)
     _observed_at: float = field(default=0.0, init=False)
@@ -52,6 +56,8 @@ class LeaseElector:
         metadata: dict[str, Any] = {"name": self.name, "namespace": self.namespace}
         if resource_version is not None:
             metadata["resourceVersion"] = resource_version
+        if self.pod_uid:
+            metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": self.identity, "uid": self.pod_uid}]
         return {"apiVersion": LEASE_API_VERSION, "kind": "Lease", "metadata": metadata, "spec": spec}
 
     def try_acquire_or_renew(self) -> bool:

@@ -30,6 +30,7 @@ class OperatorConfig:
     lease_namespace: str
     lease_duration_s: float
     identity: str
+    pod_uid: str | None  # the operator's own pod, the Lease's owner (leader.py)
     resync_s: float
     health_host: str
     health_port: int  # 0: no health endpoint
@@ -87,7 +88,7 @@ def run_operator(config: OperatorConfig) -> int:
         return lead(threading.Event())
 
     elector = LeaseElector(
-        kube, config.lease_name, config.lease_namespace, config.identity, config.lease_duration_s
+        kube, config.lease_name, config.lease_namespace, config.identity, config.lease_duration_s, config.pod_uid
     )
     if config.health_port:
         start_health_server(config.health_host, config.health_port, lambda: elector.leading)
