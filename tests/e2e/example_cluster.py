@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "inferencecluster.yaml"
-NAME = "tiny"  # metadata.name in the example
+NAME = "smollm2"  # metadata.name in the example
 SELECTOR = f"kvferry.dev/cluster={NAME}"
 CHILD_KINDS = "deployments,services,configmaps,serviceaccounts,roles,rolebindings"
 EXPECTED_CHILDREN = {

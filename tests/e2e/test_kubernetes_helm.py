@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from e2e.example_cluster import EXAMPLE, NAME
 from e2e.kube_cluster import CRD, Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "kvferry"
-EXAMPLE = REPO / "examples" / "inferencecluster.yaml"
 EVERYTHING_ON = (
     "redis.enabled=true",
     "networkPolicy.enabled=true",
@@ -174,7 +174,7 @@ def test_chart_rbac_is_enough_and_no_more(cluster: Cluster, start_operator, tmp_
     )
     operator = start_operator(f"--lease-name={fullname}", kubeconfig=str(kubeconfig))
     cluster.apply(EXAMPLE.read_text())
-    status = cluster.wait_phase("tiny", "Ready")
+    status = cluster.wait_phase(NAME, "Ready")
     assert status["decode"]["ready"] == 1
     # Every refusal reads "forbidden" (kopf, the client's ApiException, the lease's warning); a bare
     # "403" would also match the milliseconds of a log line's timestamp.

@@ -112,7 +112,7 @@ def test_example_becomes_ready_with_expected_children(cluster: Cluster, start_op
         "capabilities": {"drop": ["ALL"]},
     }
     volumes = {v["name"]: v for v in prefill["spec"]["template"]["spec"]["volumes"]}
-    assert volumes["model"]["hostPath"] == {"path": "/var/lib/kvferry/models/tiny-llama", "type": "Directory"}
+    assert "model" not in volumes  # the example's model is a folder inside the image
     assert cluster.get("service", f"{NAME}-prefill")["spec"]["clusterIP"] == "None"
     assert cluster.get("service", f"{NAME}-decode")["spec"]["clusterIP"] == "None"
     router_service = cluster.get("service", f"{NAME}-router")
@@ -126,7 +126,7 @@ def test_example_becomes_ready_with_expected_children(cluster: Cluster, start_op
     )
     config = yaml.safe_load(cluster.get("configmap", f"{NAME}-config")["data"]["cluster.json"])
     assert config["redis"]["url"] == f"redis://{NAME}-redis.{cluster.namespace}.svc:6379/0"
-    assert config["model"]["path"] == "/models"
+    assert config["model"]["path"] == "/models/smollm2-135m-instruct"
     assert config["transfer"]["ucxTransports"] == ["tcp", "sm", "self"]  # the nodes' UCX_TLS
 
     for role in ("prefill", "decode", "router"):
