@@ -31,16 +31,19 @@ lock: $(UV)
 
 venv: $(STAMP)
 
+# Debian's packages that the tests run: Redis, and for the pods tier the container runtime, the CNI plugins,
+# and podman with mmdebstrap to build the image. Installed only when one is missing.
+DEBIAN_PACKAGES := redis-server containerd runc containernetworking-plugins podman mmdebstrap
 system-packages:
-	@command -v redis-server >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+	@missing="$$(for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done)"; \
+	  [ -z "$$missing" ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; }
 
 cluster-binaries:
 	bash tests/cluster/build.sh
 
 # The container image the chart runs (localhost/kvferry:<version>), built with podman from Debian's
 # packages; skipped when an image of the same inputs exists (image/build.sh).
-image: venv
-	@command -v podman >/dev/null && command -v mmdebstrap >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman mmdebstrap runc; }
+image: venv system-packages
 	bash image/build.sh
 
 lint: venv
@@ -49,8 +52,7 @@ lint: venv
 # The Kubernetes path on this one machine with real pods (tests/pods/, docs/kubernetes.md): containerd,
 # runc and the CNI plugins from Debian, kubelet, kube-proxy and CoreDNS built from their Go modules.
 K8S_DIR ?= $(CACHE)/k8s
-pods-binaries:
-	@command -v containerd >/dev/null && command -v runc >/dev/null && [ -x /usr/lib/cni/bridge ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq containerd runc containernetworking-plugins; }
+pods-binaries: system-packages
 	bash tests/pods/build.sh
 
 k8s-up: image cluster-binaries pods-binaries
@@ -69,7 +71,7 @@ up: venv
 # pytest through its console script, not `python -m pytest`: -m would put the checkout root on sys.path,
 # where folders such as kernels/ stand in for installed packages of the same name.
 # pytest's exit code 5 means no test ran: reported and failed like any other failure.
-test: venv system-packages cluster-binaries lint
+test: venv system-packages cluster-binaries pods-binaries image lint
 	@$(BIN)/pytest; status=$$?; \
 	  if [ $$status -eq 5 ]; then echo "make test: pytest collected no tests" >&2; fi; exit $$status
 

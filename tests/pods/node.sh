@@ -3,7 +3,9 @@
 # kube-controller-manager and kube-scheduler (tests/cluster/build.sh), kubelet, kube-proxy and CoreDNS
 # (tests/pods/build.sh), Debian's containerd, runc and CNI plugins. Everything lives in one folder and
 # on one bridge the script makes (kvf0, 10.244.0.1/24): the apiserver, the kubelet and CoreDNS bind to the
-# bridge's address, the rest to 127.0.0.1.
+# bridge's address, the rest to 127.0.0.1. containerd's image store stays in the kvferry cache
+# ($KVFERRY_CACHE/pods-images), so an image is imported once per machine, not once per run; whatever
+# else a run makes (containers, their snapshots, pod sandboxes) is removed by `down`.
 #
 #   bash tests/pods/node.sh up DIR      start it; DIR/admin.kubeconfig reaches it
 #   bash tests/pods/node.sh import DIR REF...   import podman images into its containerd
@@ -20,6 +22,7 @@ SERVICE_IP=10.96.0.1
 APISERVER_PORT=6443
 NODE_NAME=kvferry-node
 PAUSE_IMAGE=localhost/kvferry-pause:1
+image_store="${KVFERRY_CACHE:-$HOME/.cache/kvferry}/pods-images"
 
 cluster_bin="$(bash "$here/../cluster/build.sh" --print-bin-dir)"
 pods_bin="$(bash "$here/build.sh" --print-bin-dir)"
@@ -125,7 +128,7 @@ runtime() {
     mkdir -p "$dir/containerd"
     cat >"$dir/containerd/config.toml" <<EOF
 version = 2
-root = "$dir/containerd/root"
+root = "$image_store"
 state = "$dir/containerd/state"
 [grpc]
   address = "$dir/containerd/containerd.sock"
@@ -150,15 +153,18 @@ import_images() {
     export CONTAINERS_CONF="${KVFERRY_CACHE:-$HOME/.cache/kvferry}/podman/containers.conf"
     local ref
     for ref in "$@"; do
-        local id
+        local id marker
         id="$(podman image inspect --format '{{ .Id }}' "$ref")"
+        marker="$image_store/imported-$(echo "$ref" | tr '/:' '__')"
         if ctr --address "$dir/containerd/containerd.sock" -n k8s.io images ls -q | grep -qx "$ref" && \
-            [[ "$(cat "$dir/imported-$(echo "$ref" | tr '/:' '__')" 2>/dev/null)" == "$id" ]]; then
+            [[ "$(cat "$marker" 2>/dev/null)" == "$id" ]]; then
             continue
         fi
+        local start=$SECONDS
         podman save --format docker-archive "$ref" | \
             ctr --address "$dir/containerd/containerd.sock" -n k8s.io images import --no-unpack - >/dev/null
-        echo "$id" >"$dir/imported-$(echo "$ref" | tr '/:' '__')"
+        echo "$id" >"$marker"
+        echo "imported $ref into the node's containerd in $((SECONDS - start))s"
     done
 }
 
@@ -268,6 +274,11 @@ down() {
         for task in $(ctr --address "$sock" -n k8s.io tasks ls -q 2>/dev/null); do
             ctr --address "$sock" -n k8s.io tasks delete -f "$task" >/dev/null 2>&1 || true
         done
+        # Containers and pod sandboxes with their snapshots: the image store outlives the run, they do not.
+        local container
+        for container in $(ctr --address "$sock" -n k8s.io containers ls -q 2>/dev/null); do
+            ctr --address "$sock" -n k8s.io containers delete "$container" >/dev/null 2>&1 || true
+        done
     fi
     [[ -f "$dir/pids" ]] && awk '$2 == "containerd" { print $1 }' "$dir/pids" | xargs -r kill 2>/dev/null || true
     # containerd-shim processes outlive containerd by design; theirs end with their containers.
@@ -297,7 +308,11 @@ dir="${2:-}"
 [[ -n "$command" && -n "$dir" ]] || { sed -n '2,12p' "$0" >&2; exit 2; }
 case "$command" in
     up)
-        mkdir -p "$dir/logs"
+        if ip link show "$BRIDGE" >/dev/null 2>&1; then
+            echo "node.sh: the bridge $BRIDGE exists: another node is up (bash tests/pods/node.sh down ITS_DIR)" >&2
+            exit 1
+        fi
+        mkdir -p "$dir/logs" "$image_store"
         dir="$(cd "$dir" && pwd)"
         pki
         network

@@ -1,0 +1,39 @@
+"""The pods tier's fixture: one single-node Kubernetes with real pods for the session (tests/pods/real_node.py).
+
+Tests that use it are marked `pods`, so `pytest -m "not pods"` leaves them out. Without its prerequisites
+(root, Debian's containerd and CNI plugins, the node binaries, the image) the tests skip with the `make`
+target that provides each; when CI is set they fail instead: `make test` builds all of them.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+from cluster.fixtures import require_binaries
+from pods.real_node import PodsNode, kvferry_image, missing_prerequisites
+
+
+@pytest.fixture(scope="session")
+def pods_node() -> Iterator[PodsNode]:
+    require_binaries()
+    missing = missing_prerequisites()
+    if missing:
+        message = "the pods tier needs " + "; ".join(missing)
+        if os.environ.get("CI"):
+            pytest.fail(message, pytrace=False)
+        pytest.skip(message)
+    node = PodsNode()
+    try:
+        node.up()
+        node.import_image(kvferry_image())
+        yield node
+    finally:
+        node.down()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "pods_node" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.pods)
