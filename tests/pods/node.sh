@@ -161,8 +161,17 @@ import_images() {
             continue
         fi
         local start=$SECONDS
+        # Unpacked at once onto the snapshots of the layers it shares with the image it replaces, so that a
+        # rebuild after a code change unpacks one small layer.
         podman save --format docker-archive "$ref" | \
-            ctr --address "$dir/containerd/containerd.sock" -n k8s.io images import --no-unpack - >/dev/null
+            ctr --address "$dir/containerd/containerd.sock" -n k8s.io images import --snapshotter overlayfs - >/dev/null
+        # The image it replaced is still held by the name the kubelet knows it by, its id: deleted, so that
+        # containerd collects its layers and snapshots at once (each rebuild would leave 6 GB otherwise).
+        local replaced
+        replaced="$(cat "$marker" 2>/dev/null || true)"
+        if [[ -n "$replaced" && "$replaced" != "$id" ]]; then
+            ctr --address "$dir/containerd/containerd.sock" -n k8s.io images rm --sync "sha256:$replaced" >/dev/null 2>&1 || true
+        fi
         echo "$id" >"$marker"
         echo "imported $ref into the node's containerd in $((SECONDS - start))s"
     done
