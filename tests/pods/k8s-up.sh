@@ -32,6 +32,6 @@ model="$(kubectl --namespace "$namespace" get inferencecluster "$cluster" -o jso
 cat <<TEXT
 Ready. The router's Service: http://$router (KUBECONFIG=$KUBECONFIG)
   curl http://$router/v1/completions -H 'Content-Type: application/json' \\
-    -d '{"model": "$model", "prompt": "Hello", "max_tokens": 16, "temperature": 0}'
+    -d '{"model": "$model", "prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}'
 \`make k8s-down\` removes the cluster.
 TEXT
