@@ -3,6 +3,9 @@ loading of the same file: every tensor, the tokenizer, the chat template and gre
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -79,3 +82,16 @@ def test_greedy_output_equals_transformers_one_at_a_time_and_batched(llm, smollm
     assert [output.outputs[0].token_ids for output in batched] == expected
     paris = next(output for case, output in zip(smollm2_greedy, batched, strict=True) if "France" in case.text and case.chat)
     assert paris.outputs[0].text == "The capital of France is Paris."
+
+
+def test_make_model_writes_the_default_model_by_name(smollm2, tmp_path):
+    """`kvferry make-model --from-gguf smollm2-135m-instruct` writes the
+    same folder as the model cache's import of the pinned GGUF, byte for byte."""
+    out = tmp_path / "smollm2"
+    done = subprocess.run([sys.executable, "-m", "kvferry", "make-model", "--from-gguf", "smollm2-135m-instruct",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    written = sorted(path.name for path in out.iterdir())
+    assert written == sorted(path.name for path in smollm2.folder.iterdir())
+    for name in written:
+        assert (out / name).read_bytes() == (smollm2.folder / name).read_bytes(), name
