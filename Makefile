@@ -13,7 +13,7 @@ UV_HOME := $(CACHE)/uv-$(UV_VERSION)
 UV := $(UV_HOME)/bin/uv
 STAMP := $(VENV)/.installed
 
-.PHONY: up test lint unit venv lock system-packages cluster-binaries image pods-binaries k8s-up k8s-down clean
+.PHONY: up test lint unit venv lock system-packages cluster-binaries image pods-binaries k8s-up k8s-down bench-llama-cpp clean
 
 $(UV):
 	$(PYTHON) -m venv $(UV_HOME)
@@ -45,6 +45,13 @@ cluster-binaries:
 # packages; skipped when an image of the same inputs exists (image/build.sh).
 image: venv system-packages
 	bash image/build.sh
+
+# llama-cpp-python for benchmarks/cpu_real_model.py, built from source (about 10 minutes on two cores). Not
+# in uv.lock: no test needs it, and locking it would build it to read its metadata; the next `uv sync`
+# (a changed lock) removes it again.
+LLAMA_CPP_PYTHON := 0.3.36
+bench-llama-cpp: venv
+	$(UV) pip install --python $(BIN)/python llama-cpp-python==$(LLAMA_CPP_PYTHON) sentencepiece  # the convert script imports it
 
 lint: venv
 	$(BIN)/ruff check .

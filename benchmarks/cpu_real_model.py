@@ -1,0 +1,236 @@
+"""The real default model on this CPU, side by side: kvferry, transformers and llama.cpp (llama-cpp-python).
+
+SmolLM2-135M-Instruct, the model `kvferry up` serves. kvferry and transformers compute in float32 from
+kvferry's import of the Q4_1 GGUF; llama.cpp runs twice: on an F32 GGUF that llama.cpp's own
+convert_hf_to_gguf.py writes from that same import (the precision kvferry computes in), and on the Q4_1
+file itself, as a user would run it. One process, one engine after the other, the same token ids, greedy,
+EOS ignored so every request produces exactly its tokens. Rows:
+- batch-1 decode tokens/s: one 16-token prompt, 128 new tokens, time after the first token;
+- TTFT for a 512-token prompt: the prompt and one new token;
+- 16 concurrent requests: 16 prompts of 32 tokens, 64 new tokens each, all generated tokens over the wall
+  time (kvferry: continuous batching; transformers: one padded `generate`; llama.cpp: 16 sequences in one
+  llama_batch through its low-level API, since its high-level `Llama` runs one sequence at a time).
+
+llama-cpp-python is not a dependency of kvferry: `make bench-llama-cpp` builds it from source (about ten
+minutes here); its source distribution carries the convert script, unpacked once into the kvferry cache.
+
+    make bench-llama-cpp
+    .venv/bin/python -m benchmarks.cpu_real_model
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy
+import torch
+
+from benchmarks.common import CACHE, environment, print_table, write_results
+from kvferry.engine import LLM, SamplingParams
+from kvferry.engine.model_source import default_gguf, default_model
+
+THREADS = torch.get_num_threads()
+# ctypes callbacks handed to llama.cpp, kept alive for as long as the process runs (it may call them any time).
+_LLAMA_CALLBACKS: list[object] = []
+
+
+@dataclass(frozen=True)
+class Sizes:
+    decode_prompt: int = 16
+    decode_tokens: int = 128
+    ttft_prompt: int = 512
+    batch: int = 16
+    batch_prompt: int = 32
+    batch_tokens: int = 64
+
+
+QUICK = Sizes(decode_prompt=8, decode_tokens=8, ttft_prompt=64, batch=4, batch_prompt=8, batch_tokens=8)
+
+
+def prompts(vocab: int, sizes: Sizes) -> dict[str, list[list[int]]]:
+    rng = random.Random(0)
+    draw = lambda n: [rng.randrange(1000, vocab) for _ in range(n)]  # noqa: E731 - ordinary ids, no specials
+    return {"decode": [draw(sizes.decode_prompt)], "ttft": [draw(sizes.ttft_prompt)],
+            "batch": [draw(sizes.batch_prompt) for _ in range(sizes.batch)]}
+
+
+Generate = Callable[[list[list[int]], int], list[list[int]]]  # (prompts, new tokens) -> each one's new tokens
+
+
+def rows_from(generate: Generate, cases: dict[str, list[list[int]]], sizes: Sizes) -> tuple[dict[str, float], list[int]]:
+    """The three rows for one engine, and its greedy tokens for the decode prompt (to compare engines)."""
+    generate(cases["decode"], 2)  # warm-up: allocations, kernels, caches
+    start = time.perf_counter()
+    generate(cases["decode"], 1)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    [tokens] = generate(cases["decode"], sizes.decode_tokens + 1)
+    decode_s = time.perf_counter() - start - first
+    start = time.perf_counter()
+    generate(cases["ttft"], 1)
+    ttft = time.perf_counter() - start
+    start = time.perf_counter()
+    generate(cases["batch"], sizes.batch_tokens)
+    batch_s = time.perf_counter() - start
+    return {
+        "decode_tok_s": round(sizes.decode_tokens / decode_s, 1),
+        "ttft_ms": round(1e3 * ttft, 1),
+        "concurrent_tok_s": round(sizes.batch * sizes.batch_tokens / batch_s, 1),
+    }, tokens
+
+
+def kvferry_generate(model: Path) -> Generate:
+    llm = LLM(model, dtype="float32")
+
+    def generate(batch: list[list[int]], new_tokens: int) -> list[list[int]]:
+        params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+        outputs = llm.generate([{"prompt_token_ids": p} for p in batch], params)
+        assert all(len(o.outputs[0].token_ids) == new_tokens for o in outputs)
+        return [list(o.outputs[0].token_ids) for o in outputs]
+
+    return generate
+
+
+def transformers_generate(model: Path) -> Generate:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+
+    @torch.no_grad()
+    def generate(batch: list[list[int]], new_tokens: int) -> list[list[int]]:
+        ids = torch.tensor(batch)  # equal lengths within a row of this benchmark: no padding needed
+        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                          min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        assert out.shape[1] == ids.shape[1] + new_tokens
+        return out[:, ids.shape[1]:].tolist()
+
+    return generate
+
+
+def llama_cpp_generate(gguf: Path, sizes: Sizes) -> Generate:
+    """Greedy decoding of several sequences at once through llama.cpp's C API (llama_batch, llama_decode)."""
+    import llama_cpp as ll
+
+    silence = ll.llama_log_callback(lambda _level, _text, _data: None)  # it logs every load and graph otherwise
+    _LLAMA_CALLBACKS.append(silence)
+    ll.llama_log_set(silence, None)
+    ll.llama_backend_init()
+    params = ll.llama_model_default_params()
+    model = ll.llama_model_load_from_file(str(gguf).encode(), params)
+    context_params = ll.llama_context_default_params()
+    context_params.n_ctx = sizes.batch * (sizes.batch_prompt + sizes.batch_tokens) + sizes.ttft_prompt + 64
+    context_params.n_batch = context_params.n_ubatch = sizes.ttft_prompt + sizes.batch * sizes.batch_prompt
+    context_params.n_seq_max = sizes.batch
+    context_params.n_threads = context_params.n_threads_batch = THREADS
+    context = ll.llama_init_from_model(model, context_params)
+    vocab = ll.llama_n_vocab(ll.llama_model_get_vocab(model))
+    batch = ll.llama_batch_init(context_params.n_batch, 0, sizes.batch)
+
+    def fill(entries: list[tuple[int, int, int, bool]]) -> None:  # (token, position, sequence, wants logits)
+        batch.n_tokens = len(entries)
+        for i, (token, position, sequence, logits) in enumerate(entries):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, position, 1
+            batch.seq_id[i][0], batch.logits[i] = sequence, logits
+
+    def argmax(index: int) -> int:
+        return int(numpy.ctypeslib.as_array(ll.llama_get_logits_ith(context, index), shape=(vocab,)).argmax())
+
+    def generate(prompts_: list[list[int]], new_tokens: int) -> list[list[int]]:
+        ll.llama_memory_clear(ll.llama_get_memory(context), True)
+        fill([(t, p, s, p == len(prompt) - 1) for s, prompt in enumerate(prompts_) for p, t in enumerate(prompt)])
+        assert ll.llama_decode(context, batch) == 0
+        last = [i for i in range(batch.n_tokens) if batch.logits[i]]
+        positions = [len(p) for p in prompts_]
+        generated: list[list[int]] = [[] for _ in prompts_]
+        for step in range(new_tokens):
+            tokens = [argmax(i) for i in last]
+            for sequence, token in enumerate(tokens):
+                generated[sequence].append(token)
+            if step == new_tokens - 1:
+                return generated
+            fill([(t, positions[s] + step, s, True) for s, t in enumerate(tokens)])
+            assert ll.llama_decode(context, batch) == 0
+            last = list(range(len(prompts_)))
+        return generated
+
+    return generate
+
+
+def convert_script() -> Path:
+    """llama.cpp's convert_hf_to_gguf.py from the source distribution of the installed llama-cpp-python,
+    fetched from PyPI once and unpacked into the kvferry cache."""
+    from importlib.metadata import version
+
+    import httpx
+
+    release = version("llama-cpp-python")
+    script = CACHE / f"llama_cpp_python-{release}" / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        name = f"llama_cpp_python-{release}.tar.gz"
+        index = httpx.get("https://pypi.org/simple/llama-cpp-python/", timeout=30, follow_redirects=True,
+                          headers={"Accept": "application/vnd.pypi.simple.v1+json"})  # PEP 691
+        [sdist] = [entry["url"] for entry in index.json()["files"] if entry["filename"] == name]
+        archive_path = CACHE / "downloads" / name
+        archive_path.parent.mkdir(parents=True, exist_ok=True)
+        with httpx.stream("GET", sdist, timeout=120, follow_redirects=True) as response, archive_path.open("wb") as out:
+            response.raise_for_status()
+            for chunk in response.iter_bytes(1 << 20):
+                out.write(chunk)
+        with tarfile.open(archive_path) as archive:
+            archive.extractall(CACHE, filter="data")
+    return script
+
+
+def f32_gguf(model: Path) -> Path:
+    out = CACHE / "models" / f"{model.name}-f32.gguf"
+    if not out.is_file():
+        script = convert_script()
+        env = {"PYTHONPATH": str(script.parent / "gguf-py"), "PATH": "/usr/bin:/bin"}
+        subprocess.run([sys.executable, str(script), str(model), "--outtype", "f32", "--outfile", str(out)],
+                       check=True, env=env)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a smoke run at small sizes; writes no results")
+    args = parser.parse_args()
+    sizes = QUICK if args.quick else Sizes()
+    model, q4 = default_model(), default_gguf()
+    cases = prompts(49152, sizes)
+    engines = {
+        "kvferry float32": lambda: kvferry_generate(model),
+        "transformers float32": lambda: transformers_generate(model),
+        "llama.cpp F32 GGUF": lambda: llama_cpp_generate(f32_gguf(model), sizes),
+        "llama.cpp Q4_1 GGUF": lambda: llama_cpp_generate(q4, sizes),
+    }
+    rows, reference = [], None
+    for name, make in engines.items():
+        measured, tokens = rows_from(make(), cases, sizes)
+        reference = reference or tokens
+        # Greedy tokens of the decode prompt, against kvferry's: equal where the precision is the same.
+        same = next((i for i, (a, b) in enumerate(zip(tokens, reference, strict=True)) if a != b), len(tokens))
+        rows.append({"engine": name, **measured, "same_tokens_as_kvferry": f"{same}/{len(tokens)}"})
+        print(rows[-1], flush=True)
+    base = rows[0]
+    for row in rows:
+        row["decode_vs_kvferry"] = round(row["decode_tok_s"] / base["decode_tok_s"], 2)
+        row["concurrent_vs_kvferry"] = round(row["concurrent_tok_s"] / base["concurrent_tok_s"], 2)
+    print_table(rows, list(rows[0]))
+    if args.quick:
+        return
+    payload = {"benchmark": "cpu_real_model", "environment": environment(), "threads": THREADS,
+               "model": "SmolLM2-135M-Instruct", "sizes": asdict(sizes), "rows": rows}
+    print(f"wrote {write_results('cpu_real_model', payload)}")
+
+
+if __name__ == "__main__":
+    main()
