@@ -129,6 +129,8 @@ def llama_cpp_generate(gguf: Path, sizes: Sizes) -> Generate:
     context_params.n_ctx = sizes.batch * (sizes.batch_prompt + sizes.batch_tokens) + sizes.ttft_prompt + 64
     context_params.n_batch = context_params.n_ubatch = sizes.ttft_prompt + sizes.batch * sizes.batch_prompt
     context_params.n_seq_max = sizes.batch
+    # One KV cache shared by the sequences (else each gets n_ctx / n_seq_max and the 512-token prompt does not fit).
+    context_params.kv_unified = True
     context_params.n_threads = context_params.n_threads_batch = THREADS
     context = ll.llama_init_from_model(model, context_params)
     vocab = ll.llama_n_vocab(ll.llama_model_get_vocab(model))
