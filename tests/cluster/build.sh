@@ -9,10 +9,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 gomods="$here/go"
 
-# The version a go.mod pins for a module; read from the file, not `go list`, to keep the fast path fast.
-pinned() {
-    awk -v mod="$2" '$1 == mod && $2 ~ /^v/ { print $2; exit }' "$gomods/$1/go.mod"
-}
+source "$here/go_build.sh"
 
 k8s_version="$(pinned kubernetes k8s.io/kubernetes)"
 kwok_version="$(pinned kwok sigs.k8s.io/kwok)"
@@ -44,42 +41,12 @@ if all_present; then
     exit 0
 fi
 
-command -v go >/dev/null || { echo "build.sh: needs Go (1.26 or newer) on PATH" >&2; exit 1; }
-mkdir -p "$bin_dir"
-# Two builds at once (say `make test` in two shells) would only slow each other down on two cores.
-exec 9>"$bin_dir/.build.lock"
-flock 9
-
-# `go build` writes into a temporary name that is renamed at the end, so an interrupted build never
-# leaves a binary behind that the next run would take as done.
-go_build() {
-    local tool="$1" module="$2" version="$3" package="$4" ldflags="$5"
-    [[ -x "$bin_dir/$tool" ]] && return 0
-    local start=$SECONDS
-    echo "building $tool $version ..."
-    (
-        cd "$gomods/$module"
-        # nice: the machine has two cores and other work (tests, editors) must keep going.
-        CGO_ENABLED=0 GOFLAGS=-trimpath nice -n 10 \
-            go build -p 2 -ldflags "-s -w $ldflags" -o "$bin_dir/.$tool.partial" "$package"
-    )
-    mv "$bin_dir/.$tool.partial" "$bin_dir/$tool"
-    echo "building $tool $version ... done in $((SECONDS - start))s"
-}
-
-# Release builds stamp their version in with -X; without it the servers report v0.0.0-master and
-# kubectl warns about the version skew.
-k8s_minor="${k8s_version#v1.}"
-k8s_minor="${k8s_minor%%.*}"
-k8s_ldflags=""
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    k8s_ldflags+=" -X $pkg.gitVersion=$k8s_version -X $pkg.gitMajor=1 -X $pkg.gitMinor=$k8s_minor"
-    k8s_ldflags+=" -X $pkg.gitTreeState=clean"
-done
+start_building
+k8s_flags="$(k8s_ldflags "$k8s_version")"
 
 go_build etcd etcd "$etcd_version" go.etcd.io/etcd/server/v3 ""
 for tool in kube-apiserver kube-controller-manager kube-scheduler; do
-    go_build "$tool" kubernetes "$k8s_version" "k8s.io/kubernetes/cmd/$tool" "$k8s_ldflags"
+    go_build "$tool" kubernetes "$k8s_version" "k8s.io/kubernetes/cmd/$tool" "$k8s_flags"
 done
 go_build kwok kwok "$kwok_version" sigs.k8s.io/kwok/cmd/kwok ""
 go_build helm helm "$helm_version" helm.sh/helm/v4/cmd/helm \
