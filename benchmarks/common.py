@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
 from pathlib import Path
 
 import torch
 
+from kvferry.cache_dir import cache_dir
+
 RESULTS = Path(__file__).resolve().parent / "results"
-CACHE = Path(os.environ.get("KVFERRY_CACHE", Path.home() / ".cache" / "kvferry"))
+CACHE = cache_dir()
 
 
 def environment() -> dict[str, object]:

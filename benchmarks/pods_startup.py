@@ -32,6 +32,7 @@ import httpx
 import yaml
 
 from benchmarks.common import environment, print_table, write_results
+from kvferry.cache_dir import cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "inferencecluster.yaml"
@@ -47,8 +48,7 @@ def kubectl(kubeconfig: str, *args: str, input: str | None = None) -> str:
 def image_size_mib() -> int:
     reference = subprocess.run(["bash", str(REPO / "image" / "build.sh"), "--print-ref"], capture_output=True,
                                text=True, check=True).stdout.strip()
-    cache = Path(os.environ.get("KVFERRY_CACHE") or Path.home() / ".cache" / "kvferry")
-    env = {**os.environ, "CONTAINERS_CONF": str(cache / "podman" / "containers.conf")}
+    env = {**os.environ, "CONTAINERS_CONF": str(cache_dir() / "podman" / "containers.conf")}
     size = subprocess.run(["podman", "image", "inspect", "--format", "{{ .Size }}", reference], capture_output=True,
                           text=True, check=True, env=env).stdout
     return int(size) >> 20
@@ -112,7 +112,7 @@ def one_run(kubeconfig: str, number: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kubeconfig", default=str(Path.home() / ".cache" / "kvferry" / "k8s" / "admin.kubeconfig"))
+    parser.add_argument("--kubeconfig", default=str(cache_dir() / "k8s" / "admin.kubeconfig"))
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     runs = []

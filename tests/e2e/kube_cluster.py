@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cluster.control_plane import ControlPlane
+from cluster.kube_tools import KubeTools
 from cluster.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -30,9 +30,9 @@ OPERATOR_START_S = 180.0
 
 @dataclass
 class Cluster:
-    """kubectl bound to one test namespace."""
+    """kubectl bound to one test namespace, on the kwok control plane or the pods tier's real node."""
 
-    kube: ControlPlane
+    kube: KubeTools
     namespace: str
     wait = staticmethod(wait_until)
 

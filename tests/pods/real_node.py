@@ -18,6 +18,8 @@ from pathlib import Path
 from cluster.control_plane import default_bin_dir
 from cluster.kube_tools import KubeTools
 
+from kvferry.cache_dir import cache_dir
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 NODE_SCRIPT = HERE / "node.sh"
@@ -63,8 +65,7 @@ def missing_prerequisites() -> list[str]:
 
 def podman_env() -> dict[str, str]:
     """podman configured as image/build.sh configures it (runc, cgroupfs: crun fails on this machine's cgroups)."""
-    cache = os.environ.get("KVFERRY_CACHE") or str(Path.home() / ".cache" / "kvferry")
-    return {**os.environ, "CONTAINERS_CONF": str(Path(cache) / "podman" / "containers.conf")}
+    return {**os.environ, "CONTAINERS_CONF": str(cache_dir() / "podman" / "containers.conf")}
 
 
 class PodsNode(KubeTools):

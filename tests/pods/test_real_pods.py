@@ -21,6 +21,7 @@ import openai
 import pytest
 import yaml
 from cluster.waiting import wait_until
+from e2e.kube_cluster import Cluster
 from pods.real_node import REPO, PodsNode
 from pods.serving_loop import ServingLoop
 from support.real_model import RealModel
@@ -40,21 +41,14 @@ MAX_TOKENS = 16
 
 
 @dataclass
-class ServedCluster:
-    node: PodsNode
+class ServedCluster(Cluster):
+    """The e2e tests' namespace view (kubectl, get, items, status) over the real node, plus the router."""
 
     @cached_property
     def router(self) -> str:
         """http://<the router Service's cluster IP>:<port> (the operator makes the Service)."""
         service = json.loads(self.kubectl("get", "service", f"{CLUSTER}-router", "-o", "json").stdout)
         return f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
-
-    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return self.node.kubectl(f"--namespace={NAMESPACE}", *args, check=check)
-
-    def items(self, kinds: str, selector: str = "") -> list[dict[str, Any]]:
-        args = ["get", kinds, "-o", "json"] + ([f"--selector={selector}"] if selector else [])
-        return json.loads(self.kubectl(*args).stdout)["items"]
 
     def ready_pods(self, role: str) -> list[dict[str, Any]]:
         def ready(pod: dict[str, Any]) -> bool:
@@ -64,19 +58,16 @@ class ServedCluster:
 
         return [pod for pod in self.items("pods", f"kvferry.dev/cluster={CLUSTER},kvferry.dev/role={role}") if ready(pod)]
 
-    def status(self) -> dict[str, Any]:
-        return json.loads(self.kubectl("get", "inferencecluster", CLUSTER, "-o", "json").stdout).get("status") or {}
-
     def wait_ready(self, decode: int = 1) -> dict[str, Any]:
         def reached() -> dict[str, Any] | None:
-            status = self.status()
+            status = self.status(CLUSTER)
             ok = status.get("phase") == "Ready" and status.get("decode", {}).get("ready") == decode
             return status if ok else None
 
         def describe() -> str:
             pods = self.kubectl("get", "pods", "-o", "wide", check=False).stdout
             events = self.kubectl("get", "events", "--sort-by=.lastTimestamp", check=False).stdout[-3000:]
-            return f"{CLUSTER} Ready with {decode} decode pods; status {self.status()}\n{pods}\n{events}"
+            return f"{CLUSTER} Ready with {decode} decode pods; status {self.status(CLUSTER)}\n{pods}\n{events}"
 
         return wait_until(describe, reached, READY_S, interval=2)
 
@@ -105,8 +96,8 @@ def local_engine_text(model: Path, prompt: str, max_tokens: int, chat: bool = Fa
 def served(pods_node: PodsNode) -> ServedCluster:
     pods_node.helm("upgrade", "--install", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--create-namespace",
                    "--wait", "--timeout=10m")
-    pods_node.kubectl(f"--namespace={NAMESPACE}", "apply", "-f", str(EXAMPLE))
-    cluster = ServedCluster(pods_node)
+    cluster = ServedCluster(pods_node, NAMESPACE)
+    cluster.kubectl("apply", "-f", str(EXAMPLE))
     cluster.wait_ready()
     return cluster
 
@@ -197,7 +188,7 @@ def test_a_helm_upgrade_rolls_the_operator_without_a_failed_request(served: Serv
     assert before
     with ServingLoop(served.router, SERVED_NAME, max_requests=1000, max_seconds=600) as loop:
         wait_until("answers before the upgrade", lambda: loop.snapshot().answered >= 3, 120)
-        served.node.helm("upgrade", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--reuse-values",
+        served.kube.helm("upgrade", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--reuse-values",
                          "--set", "operator.resyncSeconds=45", "--wait", "--timeout=10m")
         wait_until("the operator's pod replaced", lambda: operator_pods() and not operator_pods() & before, 300)
         served.wait_ready(decode=2)
@@ -214,17 +205,17 @@ def test_a_helm_upgrade_rolls_the_operator_without_a_failed_request(served: Serv
 
 def test_deleting_the_resource_and_uninstalling_leave_nothing(served: ServedCluster) -> None:
     served.kubectl("delete", "inferencecluster", CLUSTER, "--wait", "--timeout=300s")
-    served.node.helm("uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait", "--timeout=5m")
+    served.kube.helm("uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait", "--timeout=5m")
     wait_until("no pods", lambda: not served.items("pods"), 300, interval=2)
     kinds = "services,configmaps,deployments,replicasets,serviceaccounts,roles,rolebindings,leases,inferenceclusters"
     left = [f"{item['kind']}/{item['metadata']['name']}" for item in served.items(kinds)
             if (item["kind"], item["metadata"]["name"]) not in {("ConfigMap", "kube-root-ca.crt"),
                                                                 ("ServiceAccount", "default")}]
     assert left == []
-    cluster_scoped = json.loads(served.node.kubectl("get", "clusterroles,clusterrolebindings", "-o", "json").stdout)
+    cluster_scoped = json.loads(served.kube.kubectl("get", "clusterroles,clusterrolebindings", "-o", "json").stdout)
     assert [item["metadata"]["name"] for item in cluster_scoped["items"] if "kvferry" in item["metadata"]["name"]] == []
     # A finalizer left on anything would hold the namespace in Terminating.
-    served.node.kubectl("delete", "namespace", NAMESPACE, "--wait", "--timeout=120s")
+    served.kube.kubectl("delete", "namespace", NAMESPACE, "--wait", "--timeout=120s")
 
 
 def test_taking_the_node_down_leaves_nothing_behind(pods_node: PodsNode) -> None:
