@@ -10,15 +10,18 @@ stretch wall time far more. Writes `benchmarks/results/cpu_decode_steps.json`.
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import statistics
+import sys
 import time
 
 import torch
 
-from benchmarks.common import cached_model, environment, print_table, write_results
+from benchmarks.harness.cli import benchmark_parser, output_dir
+from benchmarks.harness.environment import cached_model, environment
+from benchmarks.harness.results import new_result, params_of, write_result
+from benchmarks.harness.table import print_table
 from kvferry.engine import LLM, SamplingParams
 from kvferry.kernels import cpu_linear
 
@@ -43,12 +46,10 @@ def median_step_ms(llm: LLM, batch: int, packed_rows: int, rng: random.Random) -
     return statistics.median(step_ms)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def main(argv: list[str] | None = None) -> int:
+    parser = benchmark_parser(__doc__, "cpu_decode_steps")
     parser.add_argument("--rounds", type=int, default=2)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     llm = LLM(cached_model("llama", "small"), dtype="float32", max_model_len=2048)
     rng = random.Random(0)
@@ -71,18 +72,13 @@ def main() -> None:
             }
         )
     print_table(rows, ["batch", "f_linear_ms", "packed_ms", "speedup"])
-    path = write_results(
-        "cpu_decode_steps",
-        {
-            "rows": rows,
-            "rounds": args.rounds,
-            "prompt_tokens": PROMPT_TOKENS,
-            "load_avg": os.getloadavg(),
-            "environment": environment(),
-        },
+    params = {**params_of(args), "prompt_tokens": PROMPT_TOKENS, "decode_steps": DECODE_STEPS}
+    result = new_result(
+        "cpu_decode_steps", params, rows, environment={**environment(), "load_avg": os.getloadavg()}
     )
-    print(f"wrote {path}")
+    print(f"wrote {write_result(result, output_dir(args))}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -20,7 +20,6 @@ minutes here); its source distribution carries the convert script, unpacked once
 
 from __future__ import annotations
 
-import argparse
 import random
 import subprocess
 import sys
@@ -33,7 +32,12 @@ from pathlib import Path
 import numpy
 import torch
 
-from benchmarks.common import CACHE, environment, print_table, write_results
+from benchmarks.harness.cli import benchmark_parser, output_dir
+from benchmarks.harness.environment import CACHE, environment
+from benchmarks.harness.results import new_result, write_result
+from benchmarks.harness.side_by_side import with_ratios
+from benchmarks.harness.table import print_table
+from benchmarks.harness.warmup import warm_up
 from kvferry.engine import LLM, SamplingParams
 from kvferry.engine.model_source import default_gguf, default_model
 
@@ -58,16 +62,21 @@ QUICK = Sizes(decode_prompt=8, decode_tokens=8, ttft_prompt=64, batch=4, batch_p
 def prompts(vocab: int, sizes: Sizes) -> dict[str, list[list[int]]]:
     rng = random.Random(0)
     draw = lambda n: [rng.randrange(1000, vocab) for _ in range(n)]  # noqa: E731 - ordinary ids, no specials
-    return {"decode": [draw(sizes.decode_prompt)], "ttft": [draw(sizes.ttft_prompt)],
-            "batch": [draw(sizes.batch_prompt) for _ in range(sizes.batch)]}
+    return {
+        "decode": [draw(sizes.decode_prompt)],
+        "ttft": [draw(sizes.ttft_prompt)],
+        "batch": [draw(sizes.batch_prompt) for _ in range(sizes.batch)],
+    }
 
 
 Generate = Callable[[list[list[int]], int], list[list[int]]]  # (prompts, new tokens) -> each one's new tokens
 
 
-def rows_from(generate: Generate, cases: dict[str, list[list[int]]], sizes: Sizes) -> tuple[dict[str, float], list[int]]:
+def rows_from(
+    generate: Generate, cases: dict[str, list[list[int]]], sizes: Sizes
+) -> tuple[dict[str, float], list[int]]:
     """The three rows for one engine, and its greedy tokens for the decode prompt (to compare engines)."""
-    generate(cases["decode"], 2)  # warm-up: allocations, kernels, caches
+    warm_up(lambda: generate(cases["decode"], 2))  # allocations, kernels, caches
     start = time.perf_counter()
     generate(cases["decode"], 1)
     first = time.perf_counter() - start
@@ -107,10 +116,16 @@ def transformers_generate(model: Path) -> Generate:
     @torch.no_grad()
     def generate(batch: list[list[int]], new_tokens: int) -> list[list[int]]:
         ids = torch.tensor(batch)  # equal lengths within a row of this benchmark: no padding needed
-        out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                          min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+        out = hf.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
         assert out.shape[1] == ids.shape[1] + new_tokens
-        return out[:, ids.shape[1]:].tolist()
+        return out[:, ids.shape[1] :].tolist()
 
     return generate
 
@@ -119,7 +134,9 @@ def llama_cpp_generate(gguf: Path, sizes: Sizes) -> Generate:
     """Greedy decoding of several sequences at once through llama.cpp's C API (llama_batch, llama_decode)."""
     import llama_cpp as ll
 
-    silence = ll.llama_log_callback(lambda _level, _text, _data: None)  # it logs every load and graph otherwise
+    silence = ll.llama_log_callback(
+        lambda _level, _text, _data: None
+    )  # it logs every load and graph otherwise
     _LLAMA_CALLBACKS.append(silence)
     ll.llama_log_set(silence, None)
     ll.llama_backend_init()
@@ -147,7 +164,13 @@ def llama_cpp_generate(gguf: Path, sizes: Sizes) -> Generate:
 
     def generate(prompts_: list[list[int]], new_tokens: int) -> list[list[int]]:
         ll.llama_memory_clear(ll.llama_get_memory(context), True)
-        fill([(t, p, s, p == len(prompt) - 1) for s, prompt in enumerate(prompts_) for p, t in enumerate(prompt)])
+        fill(
+            [
+                (t, p, s, p == len(prompt) - 1)
+                for s, prompt in enumerate(prompts_)
+                for p, t in enumerate(prompt)
+            ]
+        )
         assert ll.llama_decode(context, batch) == 0
         last = [i for i in range(batch.n_tokens) if batch.logits[i]]
         positions = [len(p) for p in prompts_]
@@ -177,12 +200,19 @@ def convert_script() -> Path:
     script = CACHE / f"llama_cpp_python-{release}" / "vendor" / "llama.cpp" / "convert_hf_to_gguf.py"
     if not script.is_file():
         name = f"llama_cpp_python-{release}.tar.gz"
-        index = httpx.get("https://pypi.org/simple/llama-cpp-python/", timeout=30, follow_redirects=True,
-                          headers={"Accept": "application/vnd.pypi.simple.v1+json"})  # PEP 691
+        index = httpx.get(
+            "https://pypi.org/simple/llama-cpp-python/",
+            timeout=30,
+            follow_redirects=True,
+            headers={"Accept": "application/vnd.pypi.simple.v1+json"},
+        )  # PEP 691
         [sdist] = [entry["url"] for entry in index.json()["files"] if entry["filename"] == name]
         archive_path = CACHE / "downloads" / name
         archive_path.parent.mkdir(parents=True, exist_ok=True)
-        with httpx.stream("GET", sdist, timeout=120, follow_redirects=True) as response, archive_path.open("wb") as out:
+        with (
+            httpx.stream("GET", sdist, timeout=120, follow_redirects=True) as response,
+            archive_path.open("wb") as out,
+        ):
             response.raise_for_status()
             for chunk in response.iter_bytes(1 << 20):
                 out.write(chunk)
@@ -196,15 +226,20 @@ def f32_gguf(model: Path) -> Path:
     if not out.is_file():
         script = convert_script()
         env = {"PYTHONPATH": str(script.parent / "gguf-py"), "PATH": "/usr/bin:/bin"}
-        subprocess.run([sys.executable, str(script), str(model), "--outtype", "f32", "--outfile", str(out)],
-                       check=True, env=env)
+        subprocess.run(
+            [sys.executable, str(script), str(model), "--outtype", "f32", "--outfile", str(out)],
+            check=True,
+            env=env,
+        )
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="a smoke run at small sizes; writes no results")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    parser = benchmark_parser(__doc__, "cpu_real_model")
+    parser.add_argument(
+        "--quick", action="store_true", help="a smoke run at small sizes (its result in a temp folder)"
+    )
+    args = parser.parse_args(argv)
     sizes = QUICK if args.quick else Sizes()
     model, q4 = default_model(), default_gguf()
     cases = prompts(49152, sizes)
@@ -219,20 +254,23 @@ def main() -> None:
         measured, tokens = rows_from(make(), cases, sizes)
         reference = reference or tokens
         # Greedy tokens of the decode prompt, against kvferry's: equal where the precision is the same.
-        same = next((i for i, (a, b) in enumerate(zip(tokens, reference, strict=True)) if a != b), len(tokens))
-        rows.append({"engine": name, **measured, "same_tokens_as_kvferry": f"{same}/{len(tokens)}"})
+        same = next(
+            (i for i, (a, b) in enumerate(zip(tokens, reference, strict=True)) if a != b), len(tokens)
+        )
+        rows.append(
+            {"variant": name, "engine": name, **measured, "same_tokens_as_kvferry": f"{same}/{len(tokens)}"}
+        )
         print(rows[-1], flush=True)
-    base = rows[0]
-    for row in rows:
-        row["decode_vs_kvferry"] = round(row["decode_tok_s"] / base["decode_tok_s"], 2)
-        row["concurrent_vs_kvferry"] = round(row["concurrent_tok_s"] / base["concurrent_tok_s"], 2)
+    baseline = rows[0]["variant"]
+    rows = with_ratios(rows, baseline, ["decode_tok_s", "concurrent_tok_s"])
     print_table(rows, list(rows[0]))
-    if args.quick:
-        return
-    payload = {"benchmark": "cpu_real_model", "environment": environment(), "threads": THREADS,
-               "model": "SmolLM2-135M-Instruct", "sizes": asdict(sizes), "rows": rows}
-    print(f"wrote {write_results('cpu_real_model', payload)}")
+    params = {"model": "SmolLM2-135M-Instruct", "sizes": asdict(sizes)}
+    result = new_result(
+        "cpu_real_model", params, rows, baseline=baseline, environment={**environment(), "threads": THREADS}
+    )
+    print(f"wrote {write_result(result, output_dir(args))}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,7 +1,9 @@
-"""Where a decode step's GPU time goes: kernel time by kind (matmuls, attention, norms, ...) beside the
-time of the step's CUDA graph replay, at batch 1, 64 and 256.
+"""Where a decode step's GPU time goes: kernel time by kind beside the step's CUDA graph replay.
 
-    python -m benchmarks.gpu_decode_profile --model DIR --out DIR   # on a CUDA machine
+Kernel time by kind (matmuls, attention, norms, ...) and the time of the step's CUDA graph replay, at
+batch 1, 64 and 256.
+
+    python -m benchmarks.gpu_decode_profile --model DIR   # on a CUDA machine
 
 Each batch size first serves real requests (8 new tokens each), so the graph buffers hold a real step;
 that step is then replayed (timed with events) and run once eagerly under the profiler. The prompts are
@@ -12,18 +14,17 @@ their buffers: a smaller last step would leave stale rows in the larger graph's)
 
 from __future__ import annotations
 
-import argparse
 import json
+import sys
 from collections import defaultdict
-from pathlib import Path
 
 import torch
 
 from benchmarks.gpu_serving import graph_replay_ms, prompts, run_kvferry_case
+from benchmarks.harness.cli import benchmark_parser, output_dir
+from benchmarks.harness.results import new_result, params_of, write_result
 from kvferry.engine import LLMEngine
 from kvferry.engine.engine_args import EngineArgs
-
-REPO = Path(__file__).resolve().parents[1]
 
 KINDS = (("matmul", ("gemm", "gemv", "cutlass", "nvjet", "sm90", "cublas")), ("attention", ("_decode_",)),
          ("norm", ("_rms_norm",)), ("rope + kv store", ("_rope", "_store_kv")), ("silu-mul", ("silu",)))  # fmt: skip
@@ -53,24 +54,24 @@ def profile_step(engine: LLMEngine, size: int) -> dict[str, object]:
             "kernels_by_kind": dict(counts), "kernel_ms_total": sum(by_kind.values())}  # fmt: skip
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = benchmark_parser(__doc__, "gpu_decode_profile")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     budget = 8192
     engine = LLMEngine(args.model, EngineArgs(dtype="bfloat16", max_model_len=2048, max_num_seqs=256,
                                               max_num_batched_tokens=budget))  # fmt: skip
     vocab = engine.model_config.vocab_size
-    result = {}
+    rows = []
     for size in (1, 64, 256):
         prompt_len = min(1024, budget // size)
         run_kvferry_case(engine, prompts(size, prompt_len, vocab, seed=size), 8)
-        result[f"batch {size}"] = {"context_tokens": prompt_len + 7, **profile_step(engine, size)}
-        print(f"batch {size}: {json.dumps(result[f'batch {size}'])}", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_decode_profile.json").write_text(json.dumps(result, indent=2) + "\n")
+        rows.append({"batch": size, "context_tokens": prompt_len + 7, **profile_step(engine, size)})
+        print(f"batch {size}: {json.dumps(rows[-1])}", flush=True)
+    params = {**params_of(args), "max_num_batched_tokens": budget}
+    print(f"wrote {write_result(new_result('gpu_decode_profile', params, rows), output_dir(args))}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,6 +1,6 @@
 """Disaggregated against colocated serving on one GPU, at engine level: TTFT, TPOT and the transfer's share.
 
-    python -m benchmarks.gpu_disaggregated --model DIR --out DIR   # on a CUDA machine, ucxx installed
+    python -m benchmarks.gpu_disaggregated --model DIR   # on a CUDA machine, ucxx installed
 
 Two processes share the card, each with its own KV pool: this one prefills (LLMEngine + TransferEngine +
 KVSender), a child decodes (LLMEngine + TransferEngine + KVReceiver), and the prompt's KV moves between
@@ -13,18 +13,17 @@ from the prefill process's engine serving the same requests whole.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import multiprocessing
 import random
 import statistics
+import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-REPO = Path(__file__).resolve().parents[1]
+from benchmarks.harness.cli import benchmark_parser, output_dir
+from benchmarks.harness.results import new_result, params_of, write_result
 
 if TYPE_CHECKING:
     from kvferry.engine.engine_args import EngineArgs
@@ -75,14 +74,23 @@ def decode_process(conn, model_dir: str, registry: str, args: EngineArgs) -> Non
         while engine.has_unfinished_requests():
             for output in engine.step():
                 tokens = len(output.outputs[0].token_ids)
-        conn.send({"arrived": arrived, "first_token_at": first_token_at, "done_at": time.monotonic(), "tokens": tokens})
+        conn.send(
+            {
+                "arrived": arrived,
+                "first_token_at": first_token_at,
+                "done_at": time.monotonic(),
+                "tokens": tokens,
+            }
+        )
     transfer.close()
 
 
 def _prefill(engine, request_id: str, prompt: list[int]):
     from kvferry.engine import SamplingParams
 
-    engine.add_request(request_id, {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=1), hold_kv=True)
+    engine.add_request(
+        request_id, {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=1), hold_kv=True
+    )
     while True:
         for output in engine.step():
             if output.finished:
@@ -107,7 +115,9 @@ class GcClock:
 GC_CLOCK = GcClock()
 
 
-def disaggregated_request(engine, sender, conn, request_id: str, prompt: list[int], output_len: int) -> dict[str, float]:
+def disaggregated_request(
+    engine, sender, conn, request_id: str, prompt: list[int], output_len: int
+) -> dict[str, float]:
     from kvferry.transfer.kv_connector import DestinationHandle, coalesce_block_runs
 
     started = time.monotonic()
@@ -158,33 +168,36 @@ def summarize(samples: list[dict[str, float]]) -> dict[str, object]:
     return {key: percentiles([s[key] for s in samples]) for key in samples[0] if key not in NOT_TIMES}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    parser = benchmark_parser(__doc__, "gpu_disaggregated")
     parser.add_argument("--model", required=True)
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
     parser.add_argument("--requests", type=int, default=20)
     parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--lengths", default=",".join(map(str, PROMPT_LENGTHS)), help="prompt lengths, comma-separated")
-    args = parser.parse_args()
-    from benchmarks.common import environment
+    parser.add_argument(
+        "--lengths", default=",".join(map(str, PROMPT_LENGTHS)), help="prompt lengths, comma-separated"
+    )
+    args = parser.parse_args(argv)
     from kvferry.engine import LLMEngine
     from kvferry.transfer import TransferEngine
     from kvferry.transfer.kv_connector import KVSender, pool_description
 
     registry = f"file://{tempfile.mkdtemp(prefix='kvferry-registry-')}"
-    prefill = LLMEngine(args.model, engine_args(0.42))  # first on the card: the decode process's share counts this one's
+    prefill = LLMEngine(
+        args.model, engine_args(0.42)
+    )  # first on the card: the decode process's share counts this one's
     transfer = TransferEngine()
     transfer.initialize("prefill-gpu", registry, "ucx", pool=pool_description(MODEL_NAME, prefill.pool))
     sender = KVSender(transfer, prefill.pool, MODEL_NAME)
     context = multiprocessing.get_context("spawn")
     conn, child_conn = context.Pipe()
-    child = context.Process(target=decode_process, args=(child_conn, args.model, registry, engine_args(0.88)), daemon=True)
+    child = context.Process(
+        target=decode_process, args=(child_conn, args.model, registry, engine_args(0.88)), daemon=True
+    )
     child.start()
     ready = conn.recv()
     sender.handshake(DECODE_PEER)
-    result: dict[str, object] = {"environment": environment(), "prefill_pool_blocks": prefill.pool.num_blocks,
-                                 "decode_pool_blocks": ready["pool_blocks"], "requests_per_length": args.requests,
-                                 "output_len": args.output_len, "lengths": {}}  # fmt: skip
+    pools = {"prefill_pool_blocks": prefill.pool.num_blocks, "decode_pool_blocks": ready["pool_blocks"]}
+    rows = []
     vocab = prefill.model_config.vocab_size
     rng = random.Random(0)
     for length in [int(n) for n in args.lengths.split(",")]:
@@ -193,24 +206,27 @@ def main() -> None:
         for i, prompt in enumerate(warm):  # compiles this length's prefill shapes in both processes
             colocated_request(prefill, f"warm-c{length}-{i}", prompt, 4)
             disaggregated_request(prefill, sender, conn, f"warm-d{length}-{i}", prompt, 4)
-        colocated = [colocated_request(prefill, f"c{length}-{i}", p, args.output_len) for i, p in enumerate(timed)]
+        colocated = [
+            colocated_request(prefill, f"c{length}-{i}", p, args.output_len) for i, p in enumerate(timed)
+        ]
         disaggregated = [disaggregated_request(prefill, sender, conn, f"d{length}-{i}", p, args.output_len)
                          for i, p in enumerate(timed)]  # fmt: skip
-        entry = {"colocated": summarize(colocated), "disaggregated": summarize(disaggregated),
+        entry = {"prompt_tokens": length, "colocated": summarize(colocated), "disaggregated": summarize(disaggregated),
                  "kv_bytes_per_request": disaggregated[0]["kv_bytes"],
                  "transfers": [{key: s[key] for key in ("transfer_ms", "transfer_gc_ms", *NOT_TIMES[1:])} for s in disaggregated]}  # fmt: skip
-        result["lengths"][str(length)] = entry  # type: ignore[index]
+        rows.append(entry)
         d, c = entry["disaggregated"], entry["colocated"]
         print(f"{length}-token prompts: TTFT p50 colocated {c['ttft_ms']['p50']:.1f} ms, disaggregated "
               f"{d['ttft_ms']['p50']:.1f} ms (transfer {d['transfer_ms']['p50']:.1f} ms = "
               f"{d['transfer_share']['p50']:.1%} of TTFT, p99 {d['transfer_share']['p99']:.1%}); TPOT p50 "
               f"{c['tpot_ms']['p50']:.2f} vs {d['tpot_ms']['p50']:.2f} ms", flush=True)  # fmt: skip
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gpu_disaggregated.json").write_text(json.dumps(result, indent=2) + "\n")
+        # Written after every length, so that a run cut off by its time limit keeps the lengths it measured.
+        write_result(new_result("gpu_disaggregated", params_of(args), rows, summary=pools), output_dir(args))
     conn.send({"cmd": "quit"})
     child.join(timeout=30)
     transfer.close()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

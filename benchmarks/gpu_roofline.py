@@ -77,7 +77,8 @@ class Roofline:
         """(output tokens/s, mean TPOT in seconds) of `concurrency` requests served together: one prefill,
         then output_len - 1 decode steps over a growing context."""
         steps = [
-            self.decode_step_seconds(concurrency, concurrency * (prompt_len + k)) for k in range(1, output_len)
+            self.decode_step_seconds(concurrency, concurrency * (prompt_len + k))
+            for k in range(1, output_len)
         ]
         total = self.prefill_seconds(concurrency, prompt_len) + sum(steps)
         return concurrency * output_len / total, sum(steps) / max(1, len(steps))
@@ -89,7 +90,9 @@ def model_cost(engine) -> ModelCost:
     matmuls = [weights.lm_head]
     for layer in weights.layers:
         matmuls += [layer.qkv, layer.o_proj, layer.gate_up, layer.down]
-    small = [weights.final_norm] + [t for layer in weights.layers for t in (layer.input_norm, layer.post_attention_norm)]
+    small = [weights.final_norm] + [
+        t for layer in weights.layers for t in (layer.input_norm, layer.post_attention_norm)
+    ]
     nbytes = sum(t.numel() * t.element_size() for t in matmuls + small)
     layout = engine.pool_layout
     return ModelCost(

@@ -1,6 +1,7 @@
 """GPU serving on one card: kvferry's engine against transformers `generate` and against the roofline.
 
-    python -m benchmarks.gpu_serving --out DIR    # on a CUDA machine; writes DIR/gpu_serving.json
+    python -m benchmarks.gpu_serving           # on a CUDA machine; writes benchmarks/results/gpu_serving.json
+    python -m benchmarks.gpu_serving --plot    # benchmarks/results/gpu_serving.png from that file
 
 In one run: the card's copy bandwidth and bf16 matmul rate; a Llama-3.1-8B-shaped random bf16 checkpoint
 drawn on the GPU and written to local disk (`make-model --size 8b-shape`, no weights travel); kvferry's
@@ -14,25 +15,27 @@ cut-off run still leaves every finished row.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import os
 import random
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from benchmarks.common import environment
 from benchmarks.gpu_roofline import Roofline, copy_bandwidth, matmul_rate, model_cost
+from benchmarks.harness.cli import benchmark_parser, output_dir
+from benchmarks.harness.environment import environment
+from benchmarks.harness.plot import save_plot
+from benchmarks.harness.results import new_result, params_of, read_result, write_result
+from benchmarks.harness.schema import BenchmarkResult
 from kvferry.engine import LLMEngine, SamplingParams
 from kvferry.engine.engine_args import EngineArgs
 from kvferry.engine.make_model import make_model
-
-REPO = Path(__file__).resolve().parents[1]
 
 CASES = {"128-in/128-out": (128, 128), "1024-in/128-out": (1024, 128), "128-in/1024-out": (128, 1024)}
 CONCURRENCY = (1, 8, 64, 256)
@@ -43,7 +46,11 @@ def gpu_facts() -> dict[str, object]:
     import transformers
     import triton
 
-    query = ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm", "--format=csv,noheader"]
+    query = [
+        "nvidia-smi",
+        "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+        "--format=csv,noheader",
+    ]
     smi = subprocess.run(query, capture_output=True, text=True, check=False).stdout.strip()
     return {**environment(), "nvidia_smi": smi, "triton": triton.__version__, "transformers": transformers.__version__,
             "cuda_runtime": torch.version.cuda}  # fmt: skip
@@ -120,48 +127,89 @@ def run_hf_case(model, prompt_ids: list[list[int]], new_tokens: int, repeats: in
     return len(prompt_ids) * new_tokens / best
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+def plot(result: BenchmarkResult, path: Path) -> Path | None:
+    """Output tokens/s against concurrency for kvferry, its roofline and transformers, one panel per case."""
+    rows = result.rows
+    cases = list(dict.fromkeys(row["case"] for row in rows))
+    series = (
+        ("roofline_tok_s", "roofline", "k--"),
+        ("kvferry_tok_s", "kvferry", "o-"),
+        ("hf_tok_s", "transformers", "s-"),
+    )
+
+    def draw(pyplot: Any) -> Any:
+        figure, axes = pyplot.subplots(1, len(cases), figsize=(5 * len(cases), 4), sharey=True)
+        for axis, case in zip(axes, cases, strict=True):
+            picked = [row for row in rows if row["case"] == case]
+            for key, label, style in series:
+                points = [(row["concurrency"], row[key]) for row in picked if row.get(key)]
+                axis.plot(*zip(*points, strict=True), style, label=label)
+            axis.set(title=case, xscale="log", yscale="log", xlabel="concurrency")
+            axis.set_xticks(
+                [row["concurrency"] for row in picked], [str(row["concurrency"]) for row in picked]
+            )
+            axis.grid(True, which="both", alpha=0.3)
+        axes[0].set_ylabel("output tokens/s")
+        axes[0].legend()
+        figure.suptitle(f"Llama-3.1-8B-shaped bf16 model on one {result.environment['cuda']}")
+        figure.tight_layout()
+        return figure
+
+    return save_plot(path, draw)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = benchmark_parser(__doc__, "gpu_serving")
+    parser.add_argument("--plot", action="store_true", help="only plot the result in --results-dir, and exit")
     parser.add_argument("--model", type=Path, default=Path("/tmp/kvferry-llama-8b-shape"))
     parser.add_argument("--size", default="8b-shape")
     parser.add_argument("--concurrency", default=",".join(map(str, CONCURRENCY)))
     parser.add_argument("--hf-max-new", type=int, default=128)
     parser.add_argument("--budget-s", type=float, default=500, help="start no case after this many seconds")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    folder = output_dir(args)
+    if args.plot:
+        plot(read_result(folder / "gpu_serving.json"), folder / "gpu_serving.png")
+        return 0
     began = time.perf_counter()
     concurrencies = [int(c) for c in args.concurrency.split(",")]
-    result: dict[str, object] = {"environment": gpu_facts(), "rows": []}
-    out_file = args.out / "gpu_serving.json"
-    args.out.mkdir(parents=True, exist_ok=True)
+    facts = gpu_facts()
+    summary: dict[str, Any] = {}  # what is not one case's row
+    rows: list[dict[str, Any]] = []
 
     def save() -> None:
-        out_file.write_text(json.dumps(result, indent=2) + "\n")
+        write_result(
+            new_result("gpu_serving", params_of(args), rows, summary=summary, environment=facts), folder
+        )
 
     bandwidth, flops = copy_bandwidth(), matmul_rate()
-    result["ceilings"] = {"copy_bandwidth_tb_s": bandwidth / 1e12, "bf16_matmul_tflop_s": flops / 1e12}
-    print(f"copy {bandwidth / 1e12:.2f} TB/s (read + write), bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True)
+    summary["ceilings"] = {"copy_bandwidth_tb_s": bandwidth / 1e12, "bf16_matmul_tflop_s": flops / 1e12}
+    print(
+        f"copy {bandwidth / 1e12:.2f} TB/s (read + write), bf16 matmul {flops / 1e12:.0f} TFLOP/s", flush=True
+    )
     if not (args.model / "config.json").is_file():
         t0 = time.perf_counter()
         make_model("llama", args.size, args.model, seed=0, dtype="bfloat16", num_shards=4, device="cuda")
-        result["make_model_s"] = time.perf_counter() - t0
+        summary["make_model_s"] = time.perf_counter() - t0
         os.sync()  # 16 GB of dirty pages written back now, not while the host side of a case is timed
-        result["sync_s"] = time.perf_counter() - t0 - result["make_model_s"]
-        print(f"make-model --size {args.size} on the GPU: {result['make_model_s']:.1f} s", flush=True)
+        summary["sync_s"] = time.perf_counter() - t0 - summary["make_model_s"]
+        print(f"make-model --size {args.size} on the GPU: {summary['make_model_s']:.1f} s", flush=True)
         torch.cuda.empty_cache()
 
     t0 = time.perf_counter()
     engine = LLMEngine(args.model, EngineArgs(dtype="bfloat16", max_model_len=MAX_MODEL_LEN,
                                               max_num_seqs=max(concurrencies), max_num_batched_tokens=8192))  # fmt: skip
-    result["engine_start_s"] = time.perf_counter() - t0
-    result["kv_pool"] = {"blocks": engine.pool.num_blocks, "gib": engine.pool.tensor.numel() * engine.pool.tensor.element_size() / 2**30}
+    summary["engine_start_s"] = time.perf_counter() - t0
+    summary["kv_pool"] = {
+        "blocks": engine.pool.num_blocks,
+        "gib": engine.pool.tensor.numel() * engine.pool.tensor.element_size() / 2**30,
+    }
     roofline = Roofline(bandwidth, flops, model_cost(engine))
-    result["model_cost"] = vars(roofline.model)
-    print(f"engine up in {result['engine_start_s']:.1f} s, pool {result['kv_pool']}", flush=True)
+    summary["model_cost"] = vars(roofline.model)
+    print(f"engine up in {summary['engine_start_s']:.1f} s, pool {summary['kv_pool']}", flush=True)
     vocab = engine.model_config.vocab_size
     run_kvferry_case(engine, prompts(2, 64, vocab, seed=99), 8)  # warm-up: first prefill shapes
 
-    rows: list[dict[str, object]] = result["rows"]  # type: ignore[assignment]
     replay: dict[str, float | None] = {}
     for case, (prompt_len, output_len) in CASES.items():
         for concurrency in concurrencies:
@@ -171,7 +219,9 @@ def main() -> None:
             # Triton specializes kernels on argument values (multiples of 16, ones): a short run of the same
             # shape first keeps its compilations out of the timed run.
             run_kvferry_case(engine, prompts(concurrency, prompt_len, vocab, seed=1000 + concurrency), 2)
-            measured = run_kvferry_case(engine, prompts(concurrency, prompt_len, vocab, seed=concurrency), output_len)
+            measured = run_kvferry_case(
+                engine, prompts(concurrency, prompt_len, vocab, seed=concurrency), output_len
+            )
             roof_tok_s, roof_tpot = roofline.case(prompt_len, output_len, concurrency)
             row = {"case": case, "concurrency": concurrency, **measured, "roofline_tok_s": roof_tok_s,
                    "roofline_tpot_ms": 1e3 * roof_tpot, "hf_tok_s": None}  # fmt: skip
@@ -183,7 +233,7 @@ def main() -> None:
             print(f"kvferry {case} x{concurrency}: {measured['kvferry_tok_s']:.0f} tok/s "
                   f"({row['fraction_of_roofline']:.0%} of roofline {roof_tok_s:.0f}), TPOT {measured['tpot_ms']:.2f} ms "
                   f"(roofline {row['roofline_tpot_ms']:.2f}), TTFT {measured['ttft_ms']:.0f} ms", flush=True)  # fmt: skip
-    result["graph_replay_ms_at_1152_context"] = replay
+    summary["graph_replay_ms_at_1152_context"] = replay
     save()
     del engine
     gc.collect()
@@ -193,10 +243,12 @@ def main() -> None:
 
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.bfloat16, device_map="cuda").eval()
     run_hf_case(model, prompts(2, 64, vocab, seed=99), 32)  # warm-up
-    result["hf_new_tokens_per_case"] = {case: min(out, args.hf_max_new) for case, (_, out) in CASES.items()}
+    summary["hf_new_tokens_per_case"] = {case: min(out, args.hf_max_new) for case, (_, out) in CASES.items()}
     for row in rows:
         if time.perf_counter() - began > args.budget_s:
-            print(f"transformers {row['case']} x{row['concurrency']}: skipped, past the time budget", flush=True)
+            print(
+                f"transformers {row['case']} x{row['concurrency']}: skipped, past the time budget", flush=True
+            )
             continue
         prompt_len, output_len = CASES[row["case"]]  # type: ignore[index]
         row["hf_tok_s"] = run_hf_case(model, prompts(row["concurrency"], prompt_len, vocab, seed=row["concurrency"]),
@@ -205,9 +257,11 @@ def main() -> None:
         save()
         print(f"transformers {row['case']} x{row['concurrency']}: {row['hf_tok_s']:.0f} tok/s "
               f"(kvferry {row['speedup_vs_hf']:.1f}x)", flush=True)  # fmt: skip
-    result["total_s"] = time.perf_counter() - began
+    summary["total_s"] = time.perf_counter() - began
     save()
+    plot(read_result(folder / "gpu_serving.json"), folder / "gpu_serving.png")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

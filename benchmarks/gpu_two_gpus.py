@@ -1,10 +1,12 @@
 """Disaggregated serving on two GPUs (issue [9]): prefill on one card, decode on the other, in one run.
 
-    python -m benchmarks.gpu_two_gpus --devices cuda:0,cuda:1 --out DIR   # 2 GPUs, ucxx installed (docs/two_gpus.md)
-    python -m benchmarks.gpu_two_gpus --devices cuda:0,cuda:0             # one GPU: two processes share it
-    python -m benchmarks.gpu_two_gpus --devices cpu,cpu --quick --out DIR # the same code path on the CPU, tiny model
+    python -m benchmarks.gpu_two_gpus --devices cuda:0,cuda:1   # 2 GPUs, ucxx installed (docs/two_gpus.md)
+    python -m benchmarks.gpu_two_gpus --devices cuda:0,cuda:0   # one GPU: two processes share it
+    python -m benchmarks.gpu_two_gpus --devices cpu,cpu --quick # the same code path on the CPU, tiny model
 
-Sections (--sections picks some; each is merged into DIR/gpu_two_gpus.json as it finishes):
+Sections (--sections picks some; each is merged into --out's gpu_two_gpus.json as it finishes, so that a
+later run of some sections keeps the others'). The result, every section of the devices' latest runs, is
+benchmarks/results/gpu_two_gpus_{two_cards,one_card,cpu}.json, by the devices' layout.
 - link: a torch copy_ from the first device to the second (the limit: bytes over the median time of several,
   CUDA events on the source's stream), beside kvferry's P -> D transfer of the same bytes of KV blocks from a
   pool in this process on the first device into one in a peer process on the second (UCX, cuda_ipc between
@@ -28,18 +30,15 @@ import multiprocessing
 import os
 import random
 import statistics
+import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
-# No NVLink multicast anywhere (on a shared host it can take the GPUs out of service): NCCL, PyTorch's symmetric
-# memory and NVSHMEM read these when they start (nothing here starts them); every child process inherits them.
-os.environ.update(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
-
-from benchmarks.common import cached_model, environment, print_table
 from benchmarks.disagg_vs_colocated import FALLBACKS, row, unloaded
 from benchmarks.gpu_disaggregated import (
     DECODE_PEER,
@@ -49,6 +48,11 @@ from benchmarks.gpu_disaggregated import (
     disaggregated_request,
     summarize,
 )
+from benchmarks.harness.cli import benchmark_parser, output_dir
+from benchmarks.harness.environment import CACHE, cached_model, environment
+from benchmarks.harness.results import new_result, write_result
+from benchmarks.harness.schema import BenchmarkResult
+from benchmarks.harness.table import print_table
 from benchmarks.serving_cluster import NODE_ARGS, NodeSpec, ServingCluster, counter_total, offer
 from benchmarks.transfer_cuda import SHAPE
 from kvferry.engine.devices import make_current, resolve_device
@@ -59,8 +63,10 @@ from kvferry.loadgen.datasets import RandomSpec, TokenWords, random_requests
 from kvferry.loadgen.metrics import Slo
 from kvferry.loadgen.runner import LoadShape
 
-REPO = Path(__file__).resolve().parents[1]
-
+# No NVLink multicast anywhere (on a shared host it can take the GPUs out of service): NCCL, PyTorch's symmetric
+# memory and NVSHMEM read these when they start (nothing here starts them); main() sets them, every child
+# process inherits them.
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 SECTIONS = ("link", "ttft", "serving")
 GPU_MODEL = Path("/tmp/kvferry-llama-8b-shape")  # where tests/gpu/run.sh keeps the 8B-shaped checkpoint too
 WARM_RUNS = 2
@@ -69,11 +75,13 @@ TRANSFER_TARGET, GOODPUT_TARGET = 0.70, 1.3
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__, "gpu_two_gpus", out_alias=False)
     parser.add_argument("--devices", default="cuda:0,cuda:1", help="prefill device,decode device")
     parser.add_argument("--sections", default=",".join(SECTIONS), help=f"some of {','.join(SECTIONS)}")
-    parser.add_argument("--model", type=Path, default=None, help=f"checkpoint (default: {GPU_MODEL}, made if missing)")
-    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    parser.add_argument(
+        "--model", type=Path, default=None, help=f"checkpoint (default: {GPU_MODEL}, made if missing)"
+    )
+    parser.add_argument("--out", type=Path, default=CACHE / "benchmarks", help="folder of the sections file")
     parser.add_argument("--runs", type=int, default=8, help="timed copies and transfers per size")
     parser.add_argument("--lengths", default="1024,8192", help="prompt lengths of the ttft section")
     parser.add_argument("--requests", type=int, default=20, help="requests per length in the ttft section")
@@ -81,13 +89,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--input-len", type=int, default=4096, help="serving: prompt tokens (prefill-heavy)")
     parser.add_argument("--output-len", type=int, default=64, help="serving: output tokens")
     parser.add_argument("--num-prompts", type=int, default=48, help="serving: requests per rate")
-    parser.add_argument("--load-factors", default="0.3,0.6,0.9", help="serving: rates as fractions of 1 / unloaded TTFT")
-    parser.add_argument("--tpot-slo-factor", type=float, default=1.5, help="TPOT SLO = this x the slower unloaded TPOT")
-    parser.add_argument("--ttft-slo-factor", type=float, default=5.0, help="TTFT SLO = this x the slower unloaded TTFT")
-    parser.add_argument("--node-kv-blocks", type=int, default=8192, help="serving: each node's pool, explicit (two may share a GPU)")
+    parser.add_argument(
+        "--load-factors", default="0.3,0.6,0.9", help="serving: rates as fractions of 1 / unloaded TTFT"
+    )
+    parser.add_argument(
+        "--tpot-slo-factor", type=float, default=1.5, help="TPOT SLO = this x the slower unloaded TPOT"
+    )
+    parser.add_argument(
+        "--ttft-slo-factor", type=float, default=5.0, help="TTFT SLO = this x the slower unloaded TTFT"
+    )
+    parser.add_argument(
+        "--node-kv-blocks",
+        type=int,
+        default=8192,
+        help="serving: each node's pool, explicit (two may share a GPU)",
+    )
     parser.add_argument("--time-limit", type=float, default=120.0, help="serving: seconds per run")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="tiny model, small pools, few requests: a smoke run")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny model, small pools, few requests: a smoke run"
+    )
     args = parser.parse_args(argv)
     args.devices = [str(resolve_device(d, torch.cuda.device_count())) for d in args.devices.split(",")]
     if len(args.devices) != 2:
@@ -112,7 +133,12 @@ def facts(devices: list[str]) -> dict[str, object]:
 
         found = gpu_facts()
     else:
-        found = {**environment(), "nvidia_smi": None, "triton": _version("triton"), "cuda_runtime": torch.version.cuda}
+        found = {
+            **environment(),
+            "nvidia_smi": None,
+            "triton": _version("triton"),
+            "cuda_runtime": torch.version.cuda,
+        }
     found["devices"] = {d: torch.cuda.get_device_name(d) if d.startswith("cuda") else "cpu" for d in devices}
     if len({d.index for d in on_gpu}) == 2:
         found["peer_access"] = torch.cuda.can_device_access_peer(on_gpu[0].index, on_gpu[1].index)
@@ -166,7 +192,9 @@ def link(args: argparse.Namespace) -> dict[str, object]:
     lengths = [int(n) for n in args.lengths.split(",")]
     num_blocks = 1 + max(lengths) // 16 + 1  # the null block, the longest prompt's blocks, one spare
     make_current(torch.device(prefill_device))  # before UCX starts in this thread
-    pool = make_pool("bfloat16", num_blocks, 16, shape["num_layers"], shape["kv_heads"], shape["head_dim"], prefill_device)
+    pool = make_pool(
+        "bfloat16", num_blocks, 16, shape["num_layers"], shape["kv_heads"], shape["head_dim"], prefill_device
+    )
     pool.tensor.view(torch.int16).random_(-(2**15), 2**15 - 1)
     registry = f"file://{tempfile.mkdtemp(prefix='kvferry-registry-')}"
     from kvferry.transfer import TransferEngine
@@ -186,13 +214,17 @@ def link(args: argparse.Namespace) -> dict[str, object]:
             times = []
             for run in range(args.runs + WARM_RUNS):
                 request_id = f"link-{length}-{run}"
-                handle = DestinationHandle.from_json(receiver.call("expect", request_id=request_id, block_ids=blocks)["handle"])
+                handle = DestinationHandle.from_json(
+                    receiver.call("expect", request_id=request_id, block_ids=blocks)["handle"]
+                )
                 started = time.perf_counter()
                 sent = sender.send_blocks(request_id, blocks, handle)
                 times.append(time.perf_counter() - started)
                 assert sent == nbytes and receiver.call("wait", request_id=request_id)["arrived"], request_id
             ends = [blocks[0], blocks[-1]]  # the bytes arrived, not only the completion
-            assert receiver.call("digest", block_ids=ends)["digests"] == block_digests(pool, ends), "KV arrived changed"
+            assert receiver.call("digest", block_ids=ends)["digests"] == block_digests(pool, ends), (
+                "KV arrived changed"
+            )
             median = statistics.median(times[WARM_RUNS:])
             rows.append({"prompt_tokens": length, "blocks": len(blocks), "mib": nbytes / 2**20,
                          "peer_copy_gbps": _digits(copy["gbps"]), "peer_copy_ms": _digits(copy["median_ms"]),
@@ -204,8 +236,16 @@ def link(args: argparse.Namespace) -> dict[str, object]:
         engine.close()
     print_table(rows, list(rows[0]))
     met = all(r["share_of_copy"] >= TRANSFER_TARGET for r in rows)
-    print(f"P -> D at least {TRANSFER_TARGET:.0%} of the peer copy at every size: {'met' if met else 'missed'}", flush=True)
-    return {"rows": rows, "target_share_of_copy": TRANSFER_TARGET, "target_met": met, "block_bytes": pool.block_bytes()}
+    print(
+        f"P -> D at least {TRANSFER_TARGET:.0%} of the peer copy at every size: {'met' if met else 'missed'}",
+        flush=True,
+    )
+    return {
+        "rows": rows,
+        "target_share_of_copy": TRANSFER_TARGET,
+        "target_met": met,
+        "block_bytes": pool.block_bytes(),
+    }
 
 
 def _digits(value: float) -> float:
@@ -237,7 +277,11 @@ def ttft(args: argparse.Namespace, model: Path) -> dict[str, object]:
     sender = KVSender(transfer, prefill.pool, MODEL_NAME)
     context = multiprocessing.get_context("spawn")
     conn, child_conn = context.Pipe()
-    child = context.Process(target=decode_process, args=(child_conn, str(model), registry, engine_args(args, decode_device)), daemon=True)
+    child = context.Process(
+        target=decode_process,
+        args=(child_conn, str(model), registry, engine_args(args, decode_device)),
+        daemon=True,
+    )
     child.start()
     result: dict[str, object] = {"decode_pool_blocks": conn.recv()["pool_blocks"], "output_len": args.ttft_output_len,
                                  "requests_per_length": args.requests, "lengths": {}}  # fmt: skip
@@ -246,12 +290,19 @@ def ttft(args: argparse.Namespace, model: Path) -> dict[str, object]:
         rng = random.Random(args.seed)
         vocab = prefill.model_config.vocab_size
         for length in [int(n) for n in args.lengths.split(",")]:
-            prompts = [[rng.randrange(vocab) for _ in range(length)] for _ in range(args.requests + WARM_RUNS)]
-            for i, prompt in enumerate(prompts[:WARM_RUNS]):  # compiles this length's shapes in both processes
+            prompts = [
+                [rng.randrange(vocab) for _ in range(length)] for _ in range(args.requests + WARM_RUNS)
+            ]
+            for i, prompt in enumerate(
+                prompts[:WARM_RUNS]
+            ):  # compiles this length's shapes in both processes
                 colocated_request(prefill, f"warm-c{length}-{i}", prompt, 4)
                 disaggregated_request(prefill, sender, conn, f"warm-d{length}-{i}", prompt, 4)
             timed_prompts = prompts[WARM_RUNS:]
-            colocated = [colocated_request(prefill, f"c{length}-{i}", p, args.ttft_output_len) for i, p in enumerate(timed_prompts)]
+            colocated = [
+                colocated_request(prefill, f"c{length}-{i}", p, args.ttft_output_len)
+                for i, p in enumerate(timed_prompts)
+            ]
             disaggregated = [disaggregated_request(prefill, sender, conn, f"d{length}-{i}", p, args.ttft_output_len)
                              for i, p in enumerate(timed_prompts)]  # fmt: skip
             entry = {"colocated": summarize(colocated), "disaggregated": summarize(disaggregated),
@@ -277,7 +328,12 @@ def ttft(args: argparse.Namespace, model: Path) -> dict[str, object]:
 # ---- serving: 1P1D against two colocated instances ------------------------------------------------
 def setups(args: argparse.Namespace) -> dict[str, list[NodeSpec]]:
     prefill_device, decode_device = args.devices
-    node = ("--num-kv-blocks", str(args.node_kv_blocks), "--max-model-len", str(args.input_len + args.output_len + 64))
+    node = (
+        "--num-kv-blocks",
+        str(args.node_kv_blocks),
+        "--max-model-len",
+        str(args.input_len + args.output_len + 64),
+    )
     if not args.quick:
         node += ("--dtype", "bfloat16")
     on = {d: (*node, "--device", d) for d in args.devices}
@@ -309,7 +365,10 @@ def serving(args: argparse.Namespace, model: Path) -> dict[str, object]:
                 result = offer(endpoint, requests, LoadShape(factor * unit, None, args.time_limit, args.seed))
                 fallbacks = counter_total([cluster.router_url], FALLBACKS) - fallbacks
                 runs.append((name, factor, factor * unit, result, load_before, fallbacks))
-                print(f"  {name} at {factor} x {unit:.2f}/s: {len(result.records)} requests in {result.duration_s:.1f} s", flush=True)
+                print(
+                    f"  {name} at {factor} x {unit:.2f}/s: {len(result.records)} requests in {result.duration_s:.1f} s",
+                    flush=True,
+                )
     slo = Slo(ttft_s=args.ttft_slo_factor * max(b["ttft_s"] for b in base.values()),
               tpot_s=args.tpot_slo_factor * max(b["tpot_s"] for b in base.values()))  # fmt: skip
     rows = [{"load_factor": factor, **row(name, rate, result, slo, load, fallbacks)}
@@ -361,7 +420,31 @@ def save(path: Path, devices: list[str], section: str, payload: dict[str, object
     path.write_text(json.dumps(existing, indent=2) + "\n")
 
 
-def main(argv: list[str] | None = None) -> None:
+def layout(devices: list[str]) -> str:
+    """The result's name: where prefill and decode ran."""
+    if devices[0] == "cpu":
+        return "gpu_two_gpus_cpu"
+    return "gpu_two_gpus_one_card" if devices[0] == devices[1] else "gpu_two_gpus_two_cards"
+
+
+def result_from_sections(sections: dict[str, Any], notes: Sequence[str] = ()) -> BenchmarkResult:
+    """The sections file as a suite result: a row per link size, per ttft prompt length and per serving run
+    (each with its section), the rest of each section in the summary."""
+    rows: list[dict[str, Any]] = [{"section": "link", **r} for r in sections.get("link", {}).get("rows", [])]
+    rows += [{"section": "ttft", "prompt_tokens": int(length), **entry}
+             for length, entry in sections.get("ttft", {}).get("lengths", {}).items()]  # fmt: skip
+    rows += [
+        {"section": "serving", "variant": r["setup"], **r}
+        for r in sections.get("serving", {}).get("rows", [])
+    ]
+    summary = {section: {key: value for key, value in sections[section].items() if key not in ("rows", "lengths")}
+               for section in SECTIONS if section in sections}  # fmt: skip
+    return new_result("gpu_two_gpus", {"devices": sections["devices"]}, rows, summary=summary, notes=notes,
+                      environment=sections["environment"])  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.update(NO_MULTICAST)
     args = parse_args(argv)
     found = facts(args.devices)
     print(f"devices {found['devices']}; nvidia-smi: {found['nvidia_smi']}; torch {found['torch']}, triton "
@@ -373,10 +456,19 @@ def main(argv: list[str] | None = None) -> None:
     for section in args.sections:
         started = time.monotonic()
         print(f"== {section}", flush=True)
-        payload = link(args) if section == "link" else ttft(args, model) if section == "ttft" else serving(args, model)
+        payload = (
+            link(args)
+            if section == "link"
+            else ttft(args, model)
+            if section == "ttft"
+            else serving(args, model)
+        )
         save(path, args.devices, section, {**payload, "seconds": round(time.monotonic() - started, 1)})
     print(f"wrote {path}")
+    result = result_from_sections(json.loads(path.read_text()))
+    print(f"wrote {write_result(result, output_dir(args), layout(args.devices))}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,8 +15,6 @@ token once, the query, the output, the block tables.
 
 from __future__ import annotations
 
-import argparse
-import json
 import subprocess
 import sys
 from collections.abc import Callable
@@ -28,7 +26,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from benchmarks.common import RESULTS, print_table
+from benchmarks.harness.cli import benchmark_parser, output_dir
+from benchmarks.harness.environment import environment as machine_environment
+from benchmarks.harness.results import new_result, params_of, read_result, write_result
+from benchmarks.harness.schema import BenchmarkResult
+from benchmarks.harness.table import print_table
 from kvferry.kernels.triton_decode_attention import DecodeTiling, paged_decode_attention
 from kvferry.kernels.triton_prefill_attention import PrefillTiling, paged_prefill_attention
 
@@ -43,15 +45,24 @@ DECODE_SDPA_BACKENDS = (SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, 
 MEMORY_HEADROOM = 0.85  # of the free device memory a case may take
 
 
-def environment() -> dict[str, str]:
+def gpu_environment() -> dict[str, str]:
+    """The facts every row repeats (the GPU, its driver, torch and triton), so that rows from runs on
+    different machines stay told apart."""
     try:
         query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
-        driver = subprocess.run(query, capture_output=True, text=True, check=True).stdout.strip().splitlines()[0]
+        driver = (
+            subprocess.run(query, capture_output=True, text=True, check=True).stdout.strip().splitlines()[0]
+        )
     except (OSError, subprocess.CalledProcessError, IndexError):
         driver = "unknown"
     import triton
 
-    return {"gpu": torch.cuda.get_device_name(), "driver": driver, "torch": torch.__version__, "triton": triton.__version__}
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "driver": driver,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
 
 
 def median_ms(fn: Callable[[], object], reps: int = 30, warmup: int = 3, graph: bool = True) -> float:
@@ -152,7 +163,14 @@ def decode_rows(copy_gbps: int, env: dict[str, str], batches, contexts, generato
                 continue
             case = PagedCase(batch, context, generator)
             query = torch.randn(batch, Q_HEADS, HEAD_DIM, dtype=DTYPE, device="cuda", generator=generator)
-            args = (query, case.key_cache, case.value_cache, case.block_tables, case.context_lens, HEAD_DIM**-0.5)
+            args = (
+                query,
+                case.key_cache,
+                case.value_cache,
+                case.block_tables,
+                case.context_lens,
+                HEAD_DIM**-0.5,
+            )
             ours_ms = median_ms(partial(paged_decode_attention, *args))
             sdpa_ms, backend = time_sdpa(DECODE_SDPA_BACKENDS, query.unsqueeze(2), case.keys, case.values,
                                          enable_gqa=True)  # fmt: skip
@@ -218,16 +236,34 @@ def tune(generator: torch.Generator) -> list[dict[str, object]]:
                 for num_stages in (2, 3, 4):
                     tiling = DecodeTiling(block_n, num_warps, num_stages)
                     ms = median_ms(partial(paged_decode_attention, *args, tiling=tiling), reps=15)
-                    rows.append({"kernel": "decode", "batch": batch, "context": context, "tiling": str(tiling), "ms": ms})
+                    rows.append(
+                        {
+                            "kernel": "decode",
+                            "batch": batch,
+                            "context": context,
+                            "tiling": str(tiling),
+                            "ms": ms,
+                        }
+                    )
         for num_splits in (1, 2, 4, 8, 16, 32, 64):
             ms = median_ms(partial(paged_decode_attention, *args, num_splits=num_splits), reps=15)
-            rows.append({"kernel": "decode", "batch": batch, "context": context, "num_splits": num_splits, "ms": ms})
+            rows.append(
+                {"kernel": "decode", "batch": batch, "context": context, "num_splits": num_splits, "ms": ms}
+            )
         del case, args
     batch, new = 4, 4096
     case = PagedCase(batch, new, generator, contiguous=False)
     query = torch.randn(batch * new, Q_HEADS, HEAD_DIM, dtype=DTYPE, device="cuda", generator=generator)
     starts = torch.arange(batch + 1, device="cuda") * new
-    args = (query, case.key_cache, case.value_cache, case.block_tables, case.context_lens, starts, HEAD_DIM**-0.5)
+    args = (
+        query,
+        case.key_cache,
+        case.value_cache,
+        case.block_tables,
+        case.context_lens,
+        starts,
+        HEAD_DIM**-0.5,
+    )
     flops = _causal_flops(batch, new, 0)
     for tiling in (PrefillTiling(128, 64, 8, 3), PrefillTiling(128, 64, 4, 3), PrefillTiling(128, 128, 8, 3),
                    PrefillTiling(128, 32, 4, 3), PrefillTiling(64, 64, 4, 3), PrefillTiling(128, 64, 8, 2),
@@ -242,11 +278,11 @@ def tune(generator: torch.Generator) -> list[dict[str, object]]:
     return rows
 
 
-def markdown(payload: dict) -> str:
-    """docs/benchmarks.md's tables from a results file."""
-    env, rows = payload["environment"], payload["rows"]
+def markdown(result: BenchmarkResult) -> str:
+    """docs/benchmarks.md's tables from a result."""
+    env, rows = result.environment, result.rows
     lines = [f"{env['gpu']}, driver {env['driver']}, torch {env['torch']}, triton {env['triton']}; "
-             f"device-to-device copy {payload['copy_gbps']:.0f} GB/s (read + write).", "",
+             f"device-to-device copy {result.summary['copy_gbps']:.0f} GB/s (read + write).", "",
              "| batch | context | ours ms | GB/s | % of copy | SDPA ms | SDPA / ours |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         if r["kernel"] != "paged_decode_attention":
@@ -265,30 +301,40 @@ def markdown(payload: dict) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="tiny shapes: checks the script, not the kernels")
+def main(argv: list[str] | None = None) -> int:
+    parser = benchmark_parser(__doc__, "kernels", out_alias=False)
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny shapes: checks the script, not the kernels"
+    )
     parser.add_argument("--tune", action="store_true", help="also sweep tilings and split counts")
-    parser.add_argument("--out", type=Path, default=RESULTS / "kernels.json")
-    parser.add_argument("--markdown", action="store_true", help="print the tables of --out and exit")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--out", type=Path, default=None, help="the result file (default: kernels.json in --results-dir)"
+    )
+    parser.add_argument("--markdown", action="store_true", help="print the tables of the result and exit")
+    args = parser.parse_args(argv)
+    out = args.out or output_dir(args) / "kernels.json"
     if args.markdown:
-        print(markdown(json.loads(args.out.read_text())))
-        return
+        print(markdown(read_result(out)))
+        return 0
     if not torch.cuda.is_available():
         sys.exit("benchmarks/kernels.py needs a CUDA device")
     generator = torch.Generator(device="cuda").manual_seed(0)
-    env = environment()
+    env = gpu_environment()
     copy_gbps = copy_bandwidth_gbps(256 << 20 if args.quick else 4 << 30)
     print(f"{env}\ndevice-to-device copy: {copy_gbps:.0f} GB/s (read + write)")
     batches, contexts = ((1, 4), (256, 1024)) if args.quick else (DECODE_BATCHES, DECODE_CONTEXTS)
     rows = decode_rows(copy_gbps, env, batches, contexts, generator)
-    rows += prefill_rows(copy_gbps, env, ((2, 256, 0), (2, 128, 256)) if args.quick else PREFILL_CASES, generator)
-    payload: dict[str, object] = {"environment": env, "copy_gbps": round(copy_gbps, 1), "rows": rows}
+    rows += prefill_rows(
+        copy_gbps, env, ((2, 256, 0), (2, 128, 256)) if args.quick else PREFILL_CASES, generator
+    )
+    summary: dict[str, object] = {"copy_gbps": round(copy_gbps, 1)}
     if args.tune:
-        payload["tuning"] = tune(generator)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(payload, indent=2) + "\n")
+        summary["tuning"] = tune(generator)
+    params = params_of(args, leave_out=("results_dir", "out", "markdown"))
+    result = new_result(
+        "kernels", params, rows, summary=summary, environment={**machine_environment(), **env}
+    )
+    write_result(result, out.parent, out.stem)
     print_table([r for r in rows if r["kernel"] == "paged_decode_attention" and r["gbps"] is not None],
                 ["batch", "context", "ms", "sdpa_ms", "gbps", "pct_copy_bw", "sdpa_ratio"])  # fmt: skip
     print_table([r for r in rows if r["kernel"] == "paged_prefill_attention"],
@@ -296,8 +342,9 @@ def main() -> None:
     for row in rows:
         if "note" in row:
             print(f"batch {row['batch']} context {row['context']}: {row['note']}")
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -11,21 +11,28 @@ both sides so every request produces exactly its max_tokens.
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import time
+from functools import partial
 
 import torch
 
-from benchmarks.common import cached_model, environment, print_table, write_results
+from benchmarks.harness.cli import benchmark_parser, output_dir
+from benchmarks.harness.environment import cached_model
+from benchmarks.harness.results import new_result, params_of, write_result
+from benchmarks.harness.table import print_table
+from benchmarks.harness.warmup import warm_up
 from kvferry.engine import LLM, SamplingParams
 
 
 def make_case(name: str, count: int, vocab: int, seed: int = 0) -> list[tuple[list[int], int]]:
     rng = random.Random(seed)
     if name == "mixed":
-        return [([rng.randrange(vocab) for _ in range(rng.randint(32, 512))], rng.randint(16, 256)) for _ in range(count)]
+        return [
+            ([rng.randrange(vocab) for _ in range(rng.randint(32, 512))], rng.randint(16, 256))
+            for _ in range(count)
+        ]
     return [([rng.randrange(vocab) for _ in range(128)], 128) for _ in range(count)]
 
 
@@ -50,19 +57,23 @@ def run_transformers(model, requests: list[tuple[list[int], int]], pad_id: int) 
     start = time.perf_counter()
     with torch.no_grad():
         out = model.generate(
-            input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=max_new, min_new_tokens=max_new,
-            do_sample=False, pad_token_id=pad_id,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            max_new_tokens=max_new,
+            min_new_tokens=max_new,
+            do_sample=False,
+            pad_token_id=pad_id,
         )
     elapsed = time.perf_counter() - start
     assert out.shape[1] == longest + max_new
     return elapsed
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def main(argv: list[str] | None = None) -> int:
+    parser = benchmark_parser(__doc__, "offline_throughput")
     parser.add_argument("--quick", action="store_true", help="8 prompts per case, for a smoke run")
     parser.add_argument("--size", default="small")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     from transformers import AutoModelForCausalLM
 
     model_dir = cached_model("llama", args.size)
@@ -75,7 +86,7 @@ def main() -> None:
     for case in ("mixed", "uniform-128-128"):
         requests = make_case(case, count, vocab)
         tokens = sum(n for _, n in requests)
-        run_kvferry(llm, requests[:2])  # warm-up: first-call allocations on both sides
+        warm_up(partial(run_kvferry, llm, requests[:2]))  # first-call allocations on both sides
         kvf_s = run_kvferry(llm, requests)
         hf_s = run_transformers(hf, requests, pad_id=0)
         rows.append(
@@ -94,10 +105,14 @@ def main() -> None:
         sys.stdout.flush()
     print()
     print_table(rows, ["case", "kvferry_tok_s", "hf_tok_s", "ratio"])
-    if not args.quick:
-        path = write_results("offline_throughput", {"model": f"llama-{args.size} (random weights, float32)", "environment": environment(), "rows": rows})
-        print(f"wrote {path}")
+    params = {
+        **params_of(args),
+        "model": f"llama-{args.size} (random weights, float32)",
+        "requests_per_case": count,
+    }
+    print(f"wrote {write_result(new_result('offline_throughput', params, rows), output_dir(args))}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

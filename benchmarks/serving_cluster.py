@@ -6,13 +6,13 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from benchmarks.harness.processes import http_ok, wait_until
 from kvferry.loadgen.client import Endpoint
 from kvferry.loadgen.datasets import BenchRequest
 from kvferry.loadgen.runner import LoadShape, RunResult, run_load
@@ -46,14 +46,7 @@ class RouterSpec:
 def wait_until_ready(url: str) -> None:
     """A router answers 503 to everything while it has ejected its decode nodes (a starved node can miss its
     1 s health probe): a run starts once /ready says a decode node is back, or after READY_WAIT_SECONDS."""
-    deadline = time.monotonic() + READY_WAIT_SECONDS
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/ready", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
+    wait_until(lambda: http_ok(f"{url}/ready"), READY_WAIT_SECONDS)
 
 
 def offer(endpoint: Endpoint, requests: list[BenchRequest], shape: LoadShape) -> RunResult:
@@ -61,7 +54,9 @@ def offer(endpoint: Endpoint, requests: list[BenchRequest], shape: LoadShape) ->
     wait_until_ready(endpoint.base_url)
     result = asyncio.run(run_load(endpoint, requests, shape))
     if all(r.error is not None for r in result.records):
-        raise RuntimeError(f"every request failed at {shape.label}: {sorted({r.error for r in result.records})[:3]}")
+        raise RuntimeError(
+            f"every request failed at {shape.label}: {sorted({r.error for r in result.records})[:3]}"
+        )
     return result
 
 
@@ -81,9 +76,19 @@ def pinned(core: int | None, args: list[str]) -> list[str]:
 class ServingCluster:
     """with ServingCluster(model, nodes) as cluster: cluster.router_urls["router"], cluster.node_urls[...]"""
 
-    def __init__(self, model: Path, nodes: list[NodeSpec], routers: list[RouterSpec] | None = None,
-                 node_args: tuple[str, ...] = NODE_ARGS) -> None:
-        self.model, self.nodes, self.routers, self.node_args = model, nodes, routers or [RouterSpec()], node_args
+    def __init__(
+        self,
+        model: Path,
+        nodes: list[NodeSpec],
+        routers: list[RouterSpec] | None = None,
+        node_args: tuple[str, ...] = NODE_ARGS,
+    ) -> None:
+        self.model, self.nodes, self.routers, self.node_args = (
+            model,
+            nodes,
+            routers or [RouterSpec()],
+            node_args,
+        )
         self.local = LocalCluster()
         self.node_urls: dict[str, str] = {}
         self.router_urls: dict[str, str] = {}
@@ -100,8 +105,20 @@ class ServingCluster:
             for node in self.nodes:
                 port = free_port()
                 self.node_urls[node.name] = f"http://127.0.0.1:{port}"
-                args = [*PYTHON, node.role, "--model", str(self.model), "--name", node.name, "--registry", registry,
-                        "--port", str(port), *self.node_args, *node.args]
+                args = [
+                    *PYTHON,
+                    node.role,
+                    "--model",
+                    str(self.model),
+                    "--name",
+                    node.name,
+                    "--registry",
+                    registry,
+                    "--port",
+                    str(port),
+                    *self.node_args,
+                    *node.args,
+                ]
                 self.local.spawn(node.name, pinned(node.core, args))
             for router in self.routers:
                 port = free_port()

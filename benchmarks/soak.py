@@ -1,6 +1,7 @@
-"""Soak (reliability scenario 14): fixed concurrency through a local cluster for ten minutes, and the resident
-memory, open file descriptors and asyncio tasks of the router, the prefill node and the decode node sampled
-every 30 s. Pass: every metric of every process grows less than 5% from the mean of the first three samples
+"""Soak (reliability scenario 14): memory, descriptors and tasks of every process under ten minutes of load.
+
+Fixed concurrency through a local cluster for ten minutes, and the resident memory, open file descriptors
+and asyncio tasks of the router, the prefill node and the decode node sampled every 30 s. Pass: every metric of every process grows less than 5% from the mean of the first three samples
 after the one-minute warm-up to the mean of the last three, and no request fails.
 
 The cluster: the tiny random-weight llama (`kvferry make-model`), one prefill node, one decode node and a
@@ -17,7 +18,7 @@ requests, the connection pool or a health probe hold at that instant does not pa
 leak leaves behind does. The load pauses for that (about 8 s of every 30 s; the JSON says how long).
 
     .venv/bin/python -m benchmarks.soak           # 10 min -> benchmarks/results/soak.json, docs/img/soak.png
-    .venv/bin/python -m benchmarks.soak --quick   # 60 s smoke run, results under the temp folder
+    .venv/bin/python -m benchmarks.soak --quick   # 60 s smoke run, result and plot in a temp folder
 """
 
 from __future__ import annotations
@@ -26,19 +27,23 @@ import argparse
 import asyncio
 import json
 import os
-import tempfile
+import sys
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import httpx
 import orjson
 
-from benchmarks.common import cached_model, environment, write_results
+from benchmarks.harness.cli import benchmark_parser, output_dir
+from benchmarks.harness.environment import cached_model, environment
+from benchmarks.harness.plot import save_plot
+from benchmarks.harness.results import new_result, write_result
 from benchmarks.serving_cluster import NodeSpec, RouterSpec, ServingCluster, wait_until_ready
 from benchmarks.soak_sampling import (
     METRICS,
@@ -66,8 +71,8 @@ DRAIN_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 60.0
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = benchmark_parser(__doc__, "soak")
     parser.add_argument("--duration", type=float, default=600.0, help="seconds of load")
     parser.add_argument("--interval", type=float, default=30.0, help="seconds between samples")
     parser.add_argument("--warmup", type=float, default=60.0, help="seconds before the baseline sample")
@@ -77,7 +82,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--output-len", type=int, default=32, help="mean output tokens (spread +-90%%)")
     parser.add_argument("--max-growth-pct", type=float, default=5.0)
     parser.add_argument("--quick", action="store_true", help="60 s, a sample every 10 s, 20 s warm-up")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.duration, args.interval, args.warmup = 60.0, 10.0, 20.0
     return args
@@ -133,7 +138,9 @@ async def send_plain(client: aiohttp.ClientSession, endpoint: Endpoint, request:
     return None if tokens == request.output_tokens else f"plain: {tokens} of {request.output_tokens} tokens"
 
 
-async def send_and_leave(client: aiohttp.ClientSession, endpoint: Endpoint, request: BenchRequest) -> str | None:
+async def send_and_leave(
+    client: aiohttp.ClientSession, endpoint: Endpoint, request: BenchRequest
+) -> str | None:
     """A stream left after LEAVE_AFTER_CHUNKS chunks (closing the connection); its error, or None once left."""
     try:
         async with client.post(endpoint.url, json=request_body(endpoint, request)) as response:
@@ -143,7 +150,7 @@ async def send_and_leave(client: aiohttp.ClientSession, endpoint: Endpoint, requ
             async for line in response.content:
                 if not line.startswith(b"data:") or line.strip().endswith(b"[DONE]"):
                     continue
-                if "error" in orjson.loads(line[len(b"data:"):]):
+                if "error" in orjson.loads(line[len(b"data:") :]):
                     return f"leave: error event {line[:200]!r}"
                 chunks += 1
                 if chunks == LEAVE_AFTER_CHUNKS:
@@ -207,7 +214,9 @@ async def read_process(client: httpx.AsyncClient, pid: int, url: str) -> Process
     return ProcessReading(rss_mib, fds, threads, int(gauge_value(response.text, TASKS_GAUGE)))
 
 
-async def sample(client: httpx.AsyncClient, cluster: ServingCluster, load: Load, t_s: float) -> dict[str, object]:
+async def sample(
+    client: httpx.AsyncClient, cluster: ServingCluster, load: Load, t_s: float
+) -> dict[str, object]:
     urls = {**cluster.node_urls, **cluster.router_urls}
     began = time.monotonic()
     async with load.gate.closed(DRAIN_TIMEOUT_S) as drained:
@@ -219,11 +228,17 @@ async def sample(client: httpx.AsyncClient, cluster: ServingCluster, load: Load,
                 await asyncio.sleep(READING_GAP_S)
             for name, process in cluster.local.processes:
                 if process.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {process.returncode}; see {cluster.local.workdir}")
+                    raise RuntimeError(
+                        f"{name} exited with {process.returncode}; see {cluster.local.workdir}"
+                    )
                 readings[name].append(await read_process(client, process.pid, urls[name]))
     return {
-        "t_s": round(t_s, 1), "drained": drained, "drain_s": round(drain_s, 2), "load_avg_1m": os.getloadavg()[0],
-        "requests_sent": load.sent, "failed": load.failed,
+        "t_s": round(t_s, 1),
+        "drained": drained,
+        "drain_s": round(drain_s, 2),
+        "load_avg_1m": os.getloadavg()[0],
+        "requests_sent": load.sent,
+        "failed": load.failed,
         "processes": {name: asdict(quietest(values)) for name, values in readings.items()},
     }
 
@@ -233,17 +248,23 @@ def progress(entry: dict[str, object]) -> str:
         f"{name} {p['rss_mib']:.1f} MiB {p['open_fds']} fds {p['asyncio_tasks']} tasks"
         for name, p in entry["processes"].items()  # type: ignore[union-attr]
     )
-    return (f"[{entry['t_s']:6.1f} s] sent {entry['requests_sent']} failed {entry['failed']} "
-            f"(drain {entry['drain_s']} s, load {entry['load_avg_1m']:.2f})  {processes}")
+    return (
+        f"[{entry['t_s']:6.1f} s] sent {entry['requests_sent']} failed {entry['failed']} "
+        f"(drain {entry['drain_s']} s, load {entry['load_avg_1m']:.2f})  {processes}"
+    )
 
 
-async def soak(cluster: ServingCluster, model: str, requests: list[BenchRequest], args: argparse.Namespace) -> tuple[Load, list[dict]]:
+async def soak(
+    cluster: ServingCluster, model: str, requests: list[BenchRequest], args: argparse.Namespace
+) -> tuple[Load, list[dict]]:
     start = time.monotonic()
     load = Load(cluster.router_url, model, requests, end=start + args.duration)
     # A connection per request, as from many clients: the router must close every socket it accepted (a
     # descriptor leak shows at once), and between requests it holds none of ours, so its count is steady.
-    async with (client_session(args.concurrency, REQUEST_TIMEOUT_S, keep_alive=False) as client,
-                httpx.AsyncClient(timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)) as scraper):
+    async with (
+        client_session(args.concurrency, REQUEST_TIMEOUT_S, keep_alive=False) as client,
+        httpx.AsyncClient(timeout=httpx.Timeout(REQUEST_TIMEOUT_S, connect=10.0)) as scraper,
+    ):
         samples = [await sample(scraper, cluster, load, 0.0)]
         print(progress(samples[-1]), flush=True)
         # A request takes well over 10 ms, so this bounds a worker's loop by count as well as by the end time.
@@ -260,47 +281,69 @@ async def soak(cluster: ServingCluster, model: str, requests: list[BenchRequest]
 def summarize(samples: list[dict], load: Load, args: argparse.Namespace) -> dict[str, object]:
     times = [entry["t_s"] for entry in samples]
     growths = {
-        name: {metric: growth(times, [entry["processes"][name][metric] for entry in samples], args.warmup)
-               for metric in METRICS}
+        name: {
+            metric: growth(times, [entry["processes"][name][metric] for entry in samples], args.warmup)
+            for metric in METRICS
+        }
         for name in samples[0]["processes"]
     }
-    flat = all(g["growth_pct"] < args.max_growth_pct for metrics in growths.values() for g in metrics.values())
+    flat = all(
+        g["growth_pct"] < args.max_growth_pct for metrics in growths.values() for g in metrics.values()
+    )
     per_sample = SETTLE_S + (READINGS_PER_SAMPLE - 1) * READING_GAP_S
     paused = sum(entry["drain_s"] + per_sample for entry in samples[1:])
     return {
-        "passed": flat and load.failed == 0, "flat": flat, "max_growth_pct": args.max_growth_pct,
-        "growth": growths, "requests_sent": load.sent, "failed": load.failed,
-        "left_mid_stream": load.outcomes["leave left"], "outcomes": dict(sorted(load.outcomes.items())),
-        "errors": dict(load.errors.most_common(10)), "paused_for_samples_s": round(paused, 1),
+        "passed": flat and load.failed == 0,
+        "flat": flat,
+        "max_growth_pct": args.max_growth_pct,
+        "growth": growths,
+        "requests_sent": load.sent,
+        "failed": load.failed,
+        "left_mid_stream": load.outcomes["leave left"],
+        "outcomes": dict(sorted(load.outcomes.items())),
+        "errors": dict(load.errors.most_common(10)),
+        "paused_for_samples_s": round(paused, 1),
         "every_sample_drained": all(entry["drained"] for entry in samples),
     }
 
 
 def plot(path: Path, samples: list[dict], summary: dict, args: argparse.Namespace) -> None:
-    from kvferry.loadgen.plot import load_pyplot
+    save_plot(path, lambda pyplot: draw(pyplot, samples, summary, args))
 
-    pyplot = load_pyplot()
+
+def draw(pyplot: Any, samples: list[dict], summary: dict, args: argparse.Namespace) -> Any:
     figure, panels = pyplot.subplots(1, len(METRICS), figsize=(6 * len(METRICS), 4))
     minutes = [entry["t_s"] / 60 for entry in samples]
-    titles = {"rss_mib": "resident memory (MiB)", "open_fds": "open file descriptors", "asyncio_tasks": "asyncio tasks"}
+    titles = {
+        "rss_mib": "resident memory (MiB)",
+        "open_fds": "open file descriptors",
+        "asyncio_tasks": "asyncio tasks",
+    }
     for axes, metric in zip(panels, METRICS, strict=True):
         for name in samples[0]["processes"]:
             pct = summary["growth"][name][metric]["growth_pct"]
-            axes.plot(minutes, [entry["processes"][name][metric] for entry in samples], marker="o", markersize=3,
-                      label=f"{name} ({pct:+.1f}%)")
+            axes.plot(
+                minutes,
+                [entry["processes"][name][metric] for entry in samples],
+                marker="o",
+                markersize=3,
+                label=f"{name} ({pct:+.1f}%)",
+            )
         axes.axvspan(0, args.warmup / 60, color="grey", alpha=0.15, label="warm-up")
         axes.set(title=titles[metric], xlabel="minutes", ylim=(0, None))
         axes.grid(alpha=0.3)
         axes.legend(fontsize="small")
     verdict = "flat" if summary["flat"] else "GREW"
-    figure.suptitle(f"soak: {args.concurrency} streams, {summary['requests_sent']} requests, {summary['failed']} failed, "
-                    f"{summary['left_mid_stream']} left mid-stream; growth after warm-up (in legends): {verdict}")
+    figure.suptitle(
+        f"soak: {args.concurrency} streams, {summary['requests_sent']} requests, {summary['failed']} failed, "
+        f"{summary['left_mid_stream']} left mid-stream; growth after warm-up (in legends): {verdict}"
+    )
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    return figure
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     from kvferry.engine.tokenizer import ModelTokenizer
 
     model = cached_model("llama", "tiny")
@@ -312,32 +355,50 @@ def main() -> None:
         wait_until_ready(cluster.router_url)
         load, samples = asyncio.run(soak(cluster, model.name, requests, args))
     summary = summarize(samples, load, args)
-    print(json.dumps({key: summary[key] for key in ("passed", "requests_sent", "failed", "left_mid_stream", "errors")}))
+    print(
+        json.dumps(
+            {key: summary[key] for key in ("passed", "requests_sent", "failed", "left_mid_stream", "errors")}
+        )
+    )
     for name, metrics in summary["growth"].items():
-        print(f"  {name}: " + ", ".join(f"{metric} {g['baseline']} -> {g['final']} ({g['growth_pct']:+}%)"
-                                        for metric, g in metrics.items()))
-    payload = {
-        "workload": {"model": "llama tiny", "nodes": "1 prefill + 1 decode, router with the Redis prefix index",
-                     "concurrency": args.concurrency, "duration_s": args.duration, "interval_s": args.interval,
-                     "warmup_s": args.warmup, "prompts": args.prompts, "input_len": args.input_len,
-                     "output_len": args.output_len, "spread": 0.9, "modes": list(MODE_CYCLE),
-                     "endpoint_kinds": list(ENDPOINT_KINDS), "leave_after_chunks": LEAVE_AFTER_CHUNKS,
-                     "readings_per_sample": READINGS_PER_SAMPLE, "settle_s": SETTLE_S},
-        "summary": summary, "samples": samples,
-        "load_avg": {"start": list(load_at_start), "end": list(os.getloadavg())}, "cpu_cores": os.cpu_count(),
-        "environment": environment(),
+        print(
+            f"  {name}: "
+            + ", ".join(
+                f"{metric} {g['baseline']} -> {g['final']} ({g['growth_pct']:+}%)"
+                for metric, g in metrics.items()
+            )
+        )
+    workload = {
+        "model": "llama tiny",
+        "nodes": "1 prefill + 1 decode, router with the Redis prefix index",
+        "concurrency": args.concurrency,
+        "duration_s": args.duration,
+        "interval_s": args.interval,
+        "warmup_s": args.warmup,
+        "prompts": args.prompts,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "spread": 0.9,
+        "modes": list(MODE_CYCLE),
+        "endpoint_kinds": list(ENDPOINT_KINDS),
+        "leave_after_chunks": LEAVE_AFTER_CHUNKS,
+        "readings_per_sample": READINGS_PER_SAMPLE,
+        "settle_s": SETTLE_S,
     }
-    if args.quick:
-        out = Path(tempfile.gettempdir())
-        (out / "soak_quick.json").write_text(json.dumps(payload, indent=2) + "\n")
-        print(f"wrote {out / 'soak_quick.json'}")
-        plot(out / "soak_quick.png", samples, summary, args)
-        print(f"wrote {out / 'soak_quick.png'}")
-    else:
-        print(f"wrote {write_results('soak', payload)}")
-        plot(PLOT, samples, summary, args)
-        print(f"wrote {PLOT}")
+    load_avg = {"start": list(load_at_start), "end": list(os.getloadavg())}
+    # A row per sample: the processes' readings over the run, which the summary's growth is judged from.
+    result = new_result(
+        "soak",
+        {"workload": workload},
+        samples,
+        summary=summary,
+        environment={**environment(), "load_avg": load_avg, "cpu_cores": os.cpu_count()},
+    )
+    folder = output_dir(args)
+    print(f"wrote {write_result(result, folder)}")
+    plot(folder / "soak.png" if args.quick else PLOT, samples, summary, args)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -25,7 +25,9 @@ class ProcessReading:
 
 def proc_usage(pid: int) -> tuple[float, int, int]:
     """(resident set in MiB, open file descriptors, threads) of a live process, from /proc."""
-    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    fields = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+    )
     rss_kib = int(fields["VmRSS"].split()[0])
     return rss_kib / 1024, len(os.listdir(f"/proc/{pid}/fd")), int(fields["Threads"])
 
@@ -42,7 +44,9 @@ def gauge_value(exposition: str, name: str) -> float:
 def quietest(readings: list[ProcessReading]) -> ProcessReading:
     """Per metric, the smallest of a few readings taken a moment apart: a leak stays in every reading, while a
     health probe or a heartbeat in flight (a task, a socket) is in only some of them."""
-    return ProcessReading(*(min(getattr(r, field) for r in readings) for field in ProcessReading.__dataclass_fields__))
+    return ProcessReading(
+        *(min(getattr(r, field) for r in readings) for field in ProcessReading.__dataclass_fields__)
+    )
 
 
 def growth(times_s: list[float], values: list[float], warmup_s: float) -> dict[str, float]:
@@ -57,5 +61,8 @@ def growth(times_s: list[float], values: list[float], warmup_s: float) -> dict[s
     baseline, final = statistics.fmean(after[:window]), statistics.fmean(after[-window:])
     if baseline <= 0:  # a live server has memory, descriptors and at least the scrape's own task
         raise ValueError(f"a baseline of {baseline} cannot show growth (was the value read at all?)")
-    return {"baseline": round(baseline, 3), "final": round(final, 3),
-            "growth_pct": round((final - baseline) / baseline * 100, 2)}
+    return {
+        "baseline": round(baseline, 3),
+        "final": round(final, 3),
+        "growth_pct": round((final - baseline) / baseline * 100, 2),
+    }

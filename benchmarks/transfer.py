@@ -18,7 +18,7 @@ TTFT is kvferry's engine prefilling the prompt and producing one token; transfer
 TransferEngine moving that prompt's KV blocks between two processes, coalesced as the KV connector does.
 
     .venv/bin/python -m benchmarks.transfer                  # both parts, writes benchmarks/results/transfer.json
-    .venv/bin/python -m benchmarks.transfer --quick          # a smoke run: 2 sizes, 8 MiB batches, no file
+    .venv/bin/python -m benchmarks.transfer --quick          # a smoke run: 2 sizes, 8 MiB batches, a temp folder
     .venv/bin/python -m benchmarks.transfer --part bandwidth --wait-load 2.5
 """
 
@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -44,7 +44,13 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common import RESULTS, cached_model, environment, print_table, write_results
+from benchmarks.harness.cli import benchmark_parser, output_dir
+from benchmarks.harness.environment import cached_model, environment
+from benchmarks.harness.processes import start_logged, stop
+from benchmarks.harness.results import new_result, read_result, write_result
+from benchmarks.harness.schema import BenchmarkResult
+from benchmarks.harness.table import print_table
+from benchmarks.harness.warmup import timed_runs
 from benchmarks.transfer_peers.workload import Batch, digest, expected_image, source_bytes
 from kvferry.redis_server import RedisServer
 
@@ -93,7 +99,9 @@ class Peer:
     info: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def start(cls, system: str, role: str, buffer_bytes: int, registry: str, log: Path, env: dict[str, str]) -> Peer:
+    def start(
+        cls, system: str, role: str, buffer_bytes: int, registry: str, log: Path, env: dict[str, str]
+    ) -> Peer:
         cmd_read, cmd_write = os.pipe()
         reply_read, reply_write = os.pipe()
         # UCX prints the protocol and transports each endpoint picked; read back from the log afterwards.
@@ -105,9 +113,7 @@ class Peer:
         argv = [sys.executable, "-P", "-m", PEER, "--system", system, "--role", role, "--name", f"{system}-{role}",
                 "--buffer-bytes", str(buffer_bytes), "--cmd-fd", str(cmd_read), "--reply-fd", str(reply_write),
                 "--registry", registry]  # fmt: skip
-        with log.open("wb") as sink:
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
-                                       pass_fds=(cmd_read, reply_write), env=env)  # fmt: skip
+        process = start_logged(argv, log, env, pass_fds=(cmd_read, reply_write))
         os.close(cmd_read)
         os.close(reply_write)
         peer = cls(process, os.fdopen(cmd_write, "w"), os.fdopen(reply_read, "r"), log)
@@ -142,11 +148,7 @@ class Peer:
                 self.call("quit", timeout=10)
         except (PeerError, OSError, ValueError):
             pass
-        try:
-            self.process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.process.kill()  # only this peer, which this benchmark started
-            self.process.wait()
+        stop(self.process)
 
 
 @dataclass
@@ -159,7 +161,9 @@ class Pair:
         env = SYSTEM_ENV.get(system, {})
         target = Peer.start(system, "target", buffer_bytes, registry, logs / f"{system}-target.log", env)
         try:
-            initiator = Peer.start(system, "initiator", buffer_bytes, registry, logs / f"{system}-initiator.log", env)
+            initiator = Peer.start(
+                system, "initiator", buffer_bytes, registry, logs / f"{system}-initiator.log", env
+            )
         except BaseException:
             target.stop()
             raise
@@ -176,14 +180,18 @@ class Pair:
         self.initiator.stop()
         self.target.stop()
 
-    def measure(self, batch: Batch, runs: int, warmup: int, expected: str, coalesce: bool = False) -> Measurement:
+    def measure(
+        self, batch: Batch, runs: int, warmup: int, expected: str, coalesce: bool = False
+    ) -> Measurement:
         """Clear the destination, warm up, check the checksum, then time `runs` batches."""
         self.target.call("clear")
         self.initiator.call("run", batch=batch.to_json(), runs=warmup, coalesce=coalesce)
         arrived = self.target.call("digest", nbytes=batch.nbytes)["digest"]
         if arrived != expected:
             raise PeerError(f"destination checksum {arrived} != expected {expected} for {batch}")
-        latencies = self.initiator.call("run", batch=batch.to_json(), runs=runs, coalesce=coalesce)["latencies"]
+        latencies = self.initiator.call("run", batch=batch.to_json(), runs=runs, coalesce=coalesce)[
+            "latencies"
+        ]
         return Measurement.of(batch.nbytes, latencies, verified=True)
 
 
@@ -234,7 +242,12 @@ def wait_for_load(limit: float, max_minutes: float, poll_s: float = 120.0) -> di
         print(f"load average {seen[-1]} >= {limit}; waiting {poll_s:.0f} s", flush=True)
         time.sleep(poll_s)
         seen.append(loadavg()[0])
-    return {"limit": limit, "waited_s": round(time.monotonic() - start), "dropped_below": seen[-1] < limit, "seen": seen}
+    return {
+        "limit": limit,
+        "waited_s": round(time.monotonic() - start),
+        "dropped_below": seen[-1] < limit,
+        "seen": seen,
+    }
 
 
 def package_version(name: str) -> str | None:
@@ -257,7 +270,9 @@ def git_state() -> dict[str, Any]:
             "transfer_sources_sha1": sources.hexdigest()[:12]}  # fmt: skip
 
 
-PROTO_ROW = re.compile(r"\|\s*(?P<range>\d[\w.]*(?:\.\.\w+)?)\s*\|\s*(?P<proto>[^|]+?)\s*\|\s*(?P<lanes>[^|]+?)\s*\|\s*$")
+PROTO_ROW = re.compile(
+    r"\|\s*(?P<range>\d[\w.]*(?:\.\.\w+)?)\s*\|\s*(?P<proto>[^|]+?)\s*\|\s*(?P<lanes>[^|]+?)\s*\|\s*$"
+)
 
 
 def ucx_transports(log: Path) -> dict[str, list[str]]:
@@ -284,29 +299,21 @@ def batch_for(block_bytes: int, batch_bytes: int, contiguous: bool = False) -> B
     return Batch(block_bytes, batch_bytes // block_bytes, None if contiguous else SLOT_SEED)
 
 
-def measure_memcpy(source: np.ndarray, batch: Batch, runs: int, warmup: int, expected: str) -> tuple[Measurement, Measurement]:
+def measure_memcpy(
+    source: np.ndarray, batch: Batch, runs: int, warmup: int, expected: str
+) -> tuple[Measurement, Measurement]:
     """In one process, one thread: the same blocks to the same slots (numpy's fancy assignment copies
     each row with memcpy), and one contiguous copy of the whole batch."""
     src = source[: batch.nbytes].reshape(batch.count, batch.block_bytes)
     dst = np.zeros_like(src)
     slots = batch.slots()
 
-    def timed(fn: Callable[[], object]) -> list[float]:
-        for _ in range(warmup):
-            fn()
-        latencies = []
-        for _ in range(runs):
-            start = time.perf_counter()
-            fn()
-            latencies.append(time.perf_counter() - start)
-        return latencies
-
     def scatter() -> None:
         dst[slots] = src
 
-    scattered = timed(scatter)
+    scattered = timed_runs(scatter, runs, warmup)
     ok = digest(dst.reshape(-1), batch.nbytes) == expected
-    contiguous = timed(lambda: np.copyto(dst, src))
+    contiguous = timed_runs(lambda: np.copyto(dst, src), runs, warmup)
     return Measurement.of(batch.nbytes, scattered, ok), Measurement.of(batch.nbytes, contiguous, True)
 
 
@@ -318,7 +325,11 @@ def measure_engine(system: str, batches: list[Batch], expected: dict[Batch, str]
         pair = Pair.start(system, max(b.nbytes for b in batches), registry, logs)
     except PeerError as exc:
         return {"error": str(exc), "install": INSTALL_HINT.get(system)}
-    results: dict[str, Any] = {"load_before": load_before, "env": SYSTEM_ENV.get(system, {}), "measurements": {}}
+    results: dict[str, Any] = {
+        "load_before": load_before,
+        "env": SYSTEM_ENV.get(system, {}),
+        "measurements": {},
+    }
     try:
         results["ucx_versions"] = pair.initiator.call("versions")["ucx"]
         for batch in batches:
@@ -330,7 +341,9 @@ def measure_engine(system: str, batches: list[Batch], expected: dict[Batch, str]
         results["error"] = str(exc)
     finally:
         pair.stop()
-    results["transports"] = {role: ucx_transports(logs / f"{system}-{role}.log") for role in ("initiator", "target")}
+    results["transports"] = {
+        role: ucx_transports(logs / f"{system}-{role}.log") for role in ("initiator", "target")
+    }
     results["load_after"] = loadavg()
     return results
 
@@ -354,7 +367,10 @@ def bandwidth_part(args: argparse.Namespace, registry: Registry, logs: Path) -> 
     memcpy = {b.block_bytes: (pooled(b.nbytes, [r[0][b.block_bytes][0] for r in rounds]), pooled(b.nbytes, [r[0][b.block_bytes][1] for r in rounds]))
               for b in scattered}  # fmt: skip
     systems = {name: merge_rounds([r[1][name] for r in rounds]) for name in args.systems}
-    rows = [bandwidth_row(s, c, memcpy[s.block_bytes], systems) for s, c in zip(scattered, contiguous, strict=True)]
+    rows = [
+        bandwidth_row(s, c, memcpy[s.block_bytes], systems)
+        for s, c in zip(scattered, contiguous, strict=True)
+    ]
     if args.rounds > 1:
         for row, batch in zip(rows, scattered, strict=True):
             row["rounds"] = round_columns(batch, rounds)
@@ -370,7 +386,10 @@ def bandwidth_round(order: list[str], scattered: list[Batch], contiguous: list[B
     memcpy: dict[int, tuple[Measurement, Measurement]] = {}
     for batch in scattered:
         memcpy[batch.block_bytes] = measure_memcpy(source, batch, args.runs, args.warmup, expected[batch])
-        print(f"  memcpy        {_size(batch.block_bytes):>7s}: {memcpy[batch.block_bytes][0].gbps:7.3f} GB/s", flush=True)
+        print(
+            f"  memcpy        {_size(batch.block_bytes):>7s}: {memcpy[batch.block_bytes][0].gbps:7.3f} GB/s",
+            flush=True,
+        )
     systems: dict[str, dict[str, Any]] = {}
     for system in order:
         batches = scattered + contiguous if system == "kvferry" else scattered
@@ -393,7 +412,10 @@ def merge_rounds(results: list[dict[str, Any]]) -> dict[str, Any]:
     load before the first round and after the last."""
     merged = {**results[-1], "load_before": results[0].get("load_before")}
     batches = {batch for r in results for batch in r.get("measurements", {})}
-    merged["measurements"] = {b: pooled(b.nbytes, [r["measurements"][b] for r in results if b in r.get("measurements", {})]) for b in batches}
+    merged["measurements"] = {
+        b: pooled(b.nbytes, [r["measurements"][b] for r in results if b in r.get("measurements", {})])
+        for b in batches
+    }
     errors = [r["error"] for r in results if "error" in r]
     if errors:
         merged["error"] = errors[0]
@@ -403,14 +425,20 @@ def merge_rounds(results: list[dict[str, Any]]) -> dict[str, Any]:
 def round_columns(batch: Batch, rounds: list[Round]) -> dict[str, list[float | None]]:
     """Per round, each system's GB/s and kvferry's ratios to NIXL and to memcpy measured in that round:
     whether a margin survives the load's swings from one round to the next."""
+
     def gbps(system: str, systems: dict[str, dict[str, Any]]) -> float | None:
         m = systems.get(system, {}).get("measurements", {}).get(batch)
         return None if m is None else m.gbps
 
-    columns: dict[str, list[float | None]] = {f"{name}_gbps": [gbps(name, r[1]) for r in rounds] for name in ENGINES}
+    columns: dict[str, list[float | None]] = {
+        f"{name}_gbps": [gbps(name, r[1]) for r in rounds] for name in ENGINES
+    }
     columns["memcpy_gbps"] = [r[0][batch.block_bytes][0].gbps for r in rounds]
     for name, other in (("kvferry_over_nixl", "nixl_gbps"), ("kvferry_share_of_memcpy", "memcpy_gbps")):
-        columns[name] = [None if k is None or not o else round(k / o, 3) for k, o in zip(columns["kvferry_gbps"], columns[other], strict=True)]
+        columns[name] = [
+            None if k is None or not o else round(k / o, 3)
+            for k, o in zip(columns["kvferry_gbps"], columns[other], strict=True)
+        ]
     return columns
 
 
@@ -421,7 +449,9 @@ def bandwidth_row(scattered: Batch, contiguous: Batch, memcpy: tuple[Measurement
     for name in ENGINES:
         m = systems.get(name, {}).get("measurements", {}).get(scattered)
         row.update(_columns(name, m))
-    row.update(_columns("kvferry_contiguous", systems.get("kvferry", {}).get("measurements", {}).get(contiguous)))
+    row.update(
+        _columns("kvferry_contiguous", systems.get("kvferry", {}).get("measurements", {}).get(contiguous))
+    )
     row.update(_columns("memcpy", memcpy[0]))
     row.update(_columns("memcpy_contiguous", memcpy[1]))
     row["targets"] = targets(row)
@@ -441,7 +471,9 @@ def targets(row: dict[str, Any]) -> dict[str, bool | None]:
     return {
         "kvferry_ge_nixl": None if kvf is None or nixl is None else kvf >= nixl,
         "kvferry_ge_2x_mooncake_tcp": None if kvf is None or mc is None else kvf >= 2 * mc,
-        "kvferry_ge_40pct_memcpy": None if kvf is None or mem is None or row["block_bytes"] < 64 * KiB else kvf >= 0.4 * mem,
+        "kvferry_ge_40pct_memcpy": None
+        if kvf is None or mem is None or row["block_bytes"] < 64 * KiB
+        else kvf >= 0.4 * mem,
     }
 
 
@@ -474,10 +506,15 @@ def long_context_copy(model_dir: Path, max_len: int) -> tuple[Path, str | None]:
         if path.name != "config.json" and not link.exists():
             link.symlink_to(path)
     (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": max_len}, indent=2))
-    return folder, f"max_position_embeddings raised from {config.get('max_position_embeddings')} to {max_len} (same weights)"
+    return (
+        folder,
+        f"max_position_embeddings raised from {config.get('max_position_embeddings')} to {max_len} (same weights)",
+    )
 
 
-def measure_ttft(model_dir: Path, tokens: Sequence[int], repeats: int, max_seconds: float) -> dict[int, dict[str, Any]]:
+def measure_ttft(
+    model_dir: Path, tokens: Sequence[int], repeats: int, max_seconds: float
+) -> dict[int, dict[str, Any]]:
     """Prefill + first token for fresh random prompts (no prefix-cache hits). A length runs `repeats`
     times if its first run took under 10 s, else once; a length is skipped when the shorter ones
     predict (quadratically) that it would take longer than `max_seconds`."""
@@ -528,8 +565,20 @@ def ttft_part(args: argparse.Namespace, registry: Registry, logs: Path) -> dict[
     try:
         for n in args.ttft_tokens:
             coalesced, fragmented = runs[n]
-            m = pair.measure(coalesced, args.runs, args.warmup, digest(expected_image(source, coalesced), coalesced.nbytes), coalesce=True)
-            f = pair.measure(fragmented, args.runs, args.warmup, digest(expected_image(source, fragmented), fragmented.nbytes), coalesce=True)
+            m = pair.measure(
+                coalesced,
+                args.runs,
+                args.warmup,
+                digest(expected_image(source, coalesced), coalesced.nbytes),
+                coalesce=True,
+            )
+            f = pair.measure(
+                fragmented,
+                args.runs,
+                args.warmup,
+                digest(expected_image(source, fragmented), fragmented.nbytes),
+                coalesce=True,
+            )
             rows.append(ttft_row(n, coalesced, m, f, ttft[n]))
             print(f"  transfer {n:5d} tokens ({_size(coalesced.nbytes)}): {m.p50_ms:8.2f} ms coalesced, "
                   f"{f.p50_ms:8.2f} ms as {coalesced.count} scattered blocks", flush=True)  # fmt: skip
@@ -540,7 +589,9 @@ def ttft_part(args: argparse.Namespace, registry: Registry, logs: Path) -> dict[
             "load_before": load_before, "load_after": loadavg()}  # fmt: skip
 
 
-def ttft_row(tokens: int, batch: Batch, coalesced: Measurement, fragmented: Measurement, ttft: dict[str, Any]) -> dict[str, Any]:
+def ttft_row(
+    tokens: int, batch: Batch, coalesced: Measurement, fragmented: Measurement, ttft: dict[str, Any]
+) -> dict[str, Any]:
     ttft_ms = ttft.get("ttft_ms")
     return {
         "prompt_tokens": tokens,
@@ -554,7 +605,9 @@ def ttft_row(tokens: int, batch: Batch, coalesced: Measurement, fragmented: Meas
         "transfer_share_of_ttft": None if ttft_ms is None else round(coalesced.p50_ms / ttft_ms, 4),
         # The same blocks landing in scattered destination blocks: one message per 384 KiB block.
         "transfer_scattered_ms": fragmented.p50_ms,
-        "transfer_scattered_share_of_ttft": None if ttft_ms is None else round(fragmented.p50_ms / ttft_ms, 4),
+        "transfer_scattered_share_of_ttft": None
+        if ttft_ms is None
+        else round(fragmented.p50_ms / ttft_ms, 4),
         "verified": coalesced.verified and fragmented.verified,
     }
 
@@ -567,11 +620,23 @@ def print_bandwidth(rows: list[dict[str, Any]]) -> None:
     for r in rows:
         if "rounds" in r:
             ratios = {name: r["rounds"][name] for name in ("kvferry_over_nixl", "kvferry_share_of_memcpy")}
-            print(f"{_size(r['block_bytes']):>7s} per round: " + "; ".join(f"{k} {v}" for k, v in ratios.items()))
+            print(
+                f"{_size(r['block_bytes']):>7s} per round: "
+                + "; ".join(f"{k} {v}" for k, v in ratios.items())
+            )
 
 
 def print_ttft(rows: list[dict[str, Any]]) -> None:
-    table = [{**r, "kv": _size(r["kv_bytes"]), "share": "-" if r["transfer_share_of_ttft"] is None else f"{100 * r['transfer_share_of_ttft']:.2f}%"} for r in rows]
+    table = [
+        {
+            **r,
+            "kv": _size(r["kv_bytes"]),
+            "share": "-"
+            if r["transfer_share_of_ttft"] is None
+            else f"{100 * r['transfer_share_of_ttft']:.2f}%",
+        }
+        for r in rows
+    ]
     print_table(table, ["prompt_tokens", "kv", "ttft_ms", "transfer_ms", "share", "transfer_scattered_ms"])
 
 
@@ -594,8 +659,18 @@ def markdown_tables(payload: dict[str, Any]) -> str:
         lines += [""] * bool(lines) + ["| prompt tokens | KV bytes | TTFT ms | transfer ms (coalesced) | share of TTFT "
                   "| transfer ms (scattered blocks) | share |", "|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in ttft:
-            share = _cell(None if r["transfer_share_of_ttft"] is None else 100 * r["transfer_share_of_ttft"]) + " %"
-            scattered = _cell(None if r["transfer_scattered_share_of_ttft"] is None else 100 * r["transfer_scattered_share_of_ttft"]) + " %"
+            share = (
+                _cell(None if r["transfer_share_of_ttft"] is None else 100 * r["transfer_share_of_ttft"])
+                + " %"
+            )
+            scattered = (
+                _cell(
+                    None
+                    if r["transfer_scattered_share_of_ttft"] is None
+                    else 100 * r["transfer_scattered_share_of_ttft"]
+                )
+                + " %"
+            )
             lines.append(f"| {r['prompt_tokens']} | {_size(r['kv_bytes'])} | {_cell(r['ttft_ms'], 0)} | {_cell(r['transfer_ms'])} "
                          f"| {share} | {_cell(r['transfer_scattered_ms'])} | {scattered} |")  # fmt: skip
     return "\n".join(lines)
@@ -605,8 +680,16 @@ def environment_info(registry: Registry) -> dict[str, Any]:
     return {
         **environment(),
         "cpu_count": os.cpu_count(),
-        "packages": {name: package_version(name) for name in
-                     ("ucxx-cu13", "libucx-cu13", "nixl-cu12", "mooncake-transfer-engine-non-cuda", "numpy")},  # fmt: skip
+        "packages": {
+            name: package_version(name)
+            for name in (
+                "ucxx-cu13",
+                "libucx-cu13",
+                "nixl-cu12",
+                "mooncake-transfer-engine-non-cuda",
+                "numpy",
+            )
+        },  # fmt: skip
         "registry": registry.kind,
         "git": git_state(),
         "loopback_only": "127.0.0.1",
@@ -614,24 +697,50 @@ def environment_info(registry: Registry) -> dict[str, Any]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.transfer", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = benchmark_parser(__doc__, "transfer", out_alias=False)
     parser.add_argument("--part", choices=("all", "bandwidth", "ttft"), default="all")
-    parser.add_argument("--systems", default=",".join(ENGINES), help="comma-separated subset of " + ",".join(ENGINES))
-    parser.add_argument("--block-sizes", default=",".join(str(b) for b in BLOCK_SIZES), help="bytes, comma-separated")
+    parser.add_argument(
+        "--systems", default=",".join(ENGINES), help="comma-separated subset of " + ",".join(ENGINES)
+    )
+    parser.add_argument(
+        "--block-sizes", default=",".join(str(b) for b in BLOCK_SIZES), help="bytes, comma-separated"
+    )
     parser.add_argument("--batch-mib", type=int, default=64)
     parser.add_argument("--runs", type=int, default=20, help="timed batches per block size (at least 5)")
-    parser.add_argument("--rounds", type=int, default=1, help="bandwidth rounds (memcpy, then each system; pooled, with per-round ratios)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="bandwidth rounds (memcpy, then each system; pooled, with per-round ratios)",
+    )
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--ttft-tokens", default=",".join(str(t) for t in TTFT_TOKENS))
-    parser.add_argument("--ttft-repeats", type=int, default=3, help="TTFT runs per prompt length up to 2048 tokens")
-    parser.add_argument("--ttft-max-seconds", type=float, default=300.0, help="skip a prompt predicted to take longer")
-    parser.add_argument("--wait-load", type=float, default=None, help="first wait for the 1-min load average to drop below this")
+    parser.add_argument(
+        "--ttft-repeats", type=int, default=3, help="TTFT runs per prompt length up to 2048 tokens"
+    )
+    parser.add_argument(
+        "--ttft-max-seconds", type=float, default=300.0, help="skip a prompt predicted to take longer"
+    )
+    parser.add_argument(
+        "--wait-load",
+        type=float,
+        default=None,
+        help="first wait for the 1-min load average to drop below this",
+    )
     parser.add_argument("--wait-minutes", type=float, default=30.0)
-    parser.add_argument("--quick", action="store_true", help="smoke run: 2 block sizes, 8 MiB batches, 128/512 tokens, no file")
-    parser.add_argument("--output", type=Path, default=None, help="default benchmarks/results/transfer.json")
+    parser.add_argument(
+        "--quick", action="store_true", help="smoke run: 2 block sizes, 8 MiB batches, 128/512 tokens"
+    )
+    parser.add_argument(
+        "--output", type=Path, default=None, help="the result file (default: transfer.json in --results-dir)"
+    )
     parser.add_argument("--no-write", action="store_true")
-    parser.add_argument("--markdown", action="store_true", help="print the docs tables from the results file and exit")
-    parser.add_argument("--logs", type=Path, default=None, help="keep the peers' logs (UCX_PROTO_INFO tables) here")
+    parser.add_argument(
+        "--markdown", action="store_true", help="print the docs tables from the results file and exit"
+    )
+    parser.add_argument(
+        "--logs", type=Path, default=None, help="keep the peers' logs (UCX_PROTO_INFO tables) here"
+    )
     args = parser.parse_args(argv)
     args.systems = [s for s in args.systems.split(",") if s]
     args.block_sizes = [int(b) for b in args.block_sizes.split(",")]
@@ -639,8 +748,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     if args.quick:
         args.block_sizes, args.batch_mib, args.runs, args.warmup = [64 * KiB, 1 * MiB], 8, 5, 1
         args.ttft_tokens, args.ttft_repeats = [128, 512], 1
-        args.no_write = args.no_write or args.output is None  # a smoke run keeps the recorded results
-    args.output = args.output or RESULTS / "transfer.json"
+    args.output = args.output or output_dir(args) / "transfer.json"
     args.warmup = max(1, args.warmup)  # the checksum is taken after the warm-up batches
     args.batch_bytes = args.batch_mib * MiB
     unknown = set(args.systems) - set(ENGINES)
@@ -652,10 +760,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.markdown:
-        print(markdown_tables(json.loads(args.output.read_text())))
+        print(markdown_tables(payload_of(read_result(args.output))))
         return 0
     waited = wait_for_load(args.wait_load, args.wait_minutes) if args.wait_load else None
-    payload: dict[str, Any] = json.loads(args.output.read_text()) if args.output.is_file() and args.part != "all" else {}
+    # One part alone keeps the other part's numbers from the results file.
+    payload = payload_of(read_result(args.output)) if args.output.is_file() and args.part != "all" else {}
     with tempfile.TemporaryDirectory(prefix="kvferry-bench-transfer-") as workdir:
         logs = args.logs or Path(workdir)
         logs.mkdir(parents=True, exist_ok=True)
@@ -664,10 +773,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             env = {**environment_info(registry), "load_average_start": loadavg(), "load_wait": waited}
             if args.part in ("all", "bandwidth"):
                 payload["environment"] = env
-                print(f"bandwidth: {args.batch_mib} MiB batches, {args.warmup} warm-up + {args.runs} timed each", flush=True)
+                print(
+                    f"bandwidth: {args.batch_mib} MiB batches, {args.warmup} warm-up + {args.runs} timed each",
+                    flush=True,
+                )
                 payload.update(bandwidth_part(args, registry, logs))
                 env["ucx_versions"] = {
-                    name: sorted(set(summary.get("ucx_versions", {}).values())) for name, summary in payload["systems"].items()
+                    name: sorted(set(summary.get("ucx_versions", {}).values()))
+                    for name, summary in payload["systems"].items()
                 }
                 payload["settings"] = {"batch_bytes": args.batch_bytes, "runs": args.runs, "warmup": args.warmup,
                                        "gbps": "batch bytes / median batch time, GB = 1e9 bytes", "slot_seed": SLOT_SEED}  # fmt: skip
@@ -684,7 +797,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         finally:
             registry.close()
     print()
-    if "rows" in payload:
+    if payload.get("rows"):
         print_bandwidth(payload["rows"])
     if payload.get("ttft", {}).get("rows"):
         print()
@@ -700,14 +813,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def result_of(payload: dict[str, Any]) -> BenchmarkResult:
+    """The suite's result from this benchmark's working payload: the settings are its params, a row per
+    block size, the systems' details and the TTFT part in the summary."""
+    summary = {key: payload[key] for key in ("systems", "ttft") if key in payload}
+    return new_result("transfer", payload.get("settings", {}), payload.get("rows", []), summary=summary,
+                      environment=payload.get("environment") or environment())  # fmt: skip
+
+
+def payload_of(result: BenchmarkResult) -> dict[str, Any]:
+    """The working payload back from a result (result_of's inverse), to add one part's numbers to."""
+    return {
+        "environment": result.environment,
+        "settings": result.params,
+        "rows": result.rows,
+        **result.summary,
+    }
+
+
 def save(args: argparse.Namespace, payload: dict[str, Any]) -> Path | None:
     if args.no_write:
         return None
-    if args.output.parent == RESULTS:
-        return write_results(args.output.stem, payload)
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(payload, indent=2) + "\n")
-    return args.output
+    return write_result(result_of(payload), args.output.parent, args.output.stem)
 
 
 if __name__ == "__main__":

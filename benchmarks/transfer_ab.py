@@ -2,9 +2,9 @@
 
 Each variant is a pair of kvferry peers (benchmarks/transfer_peers/peer.py) importing kvferry from its own
 tree (a git revision exported to a temporary folder, or a folder) with its own environment (UCX_*
-settings), all pairs alive side by side. Every round measures every variant at every block size, the
-order reversed on odd rounds; the load moves within a round less than between separate runs, so the
-per-round ratio to the first variant is the number to read. CPU per batch (writer + target, from
+settings), all pairs alive side by side. At each block size, every round measures every variant, the order
+reversed on odd rounds; the load moves within a round less than between separate runs, so the per-round
+ratio to the first variant (the baseline) is the number to read. CPU per batch (writer + target, from
 /proc) is barely moved by other jobs at all. Do not put NIXL beside these: its idle progress threads
 spin and take the cores the variants share. A variant's tree provides kvferry and, from the revision that
 made benchmarks a package on, the peer's code too (an older tree runs this checkout's peer).
@@ -15,16 +15,21 @@ made benchmarks a package on, the peer's code too (an older tree runs this check
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
+from benchmarks.harness.cli import benchmark_parser, output_dir
+from benchmarks.harness.environment import environment
+from benchmarks.harness.processes import cpu_seconds
+from benchmarks.harness.results import new_result, write_result
+from benchmarks.harness.side_by_side import side_by_side
 from benchmarks.transfer import BLOCK_SIZES, MiB, Pair, Registry, batch_for
-from benchmarks.transfer_peers.workload import digest, expected_image, source_bytes
+from benchmarks.transfer_peers.workload import Batch, digest, expected_image, source_bytes
 
 HERE = Path(__file__).resolve().parent
 
@@ -35,14 +40,28 @@ def tree_of(spec: str, scratch: Path) -> Path:
         return Path(spec).resolve()
     folder = scratch / spec.replace("/", "_").replace("~", "-")
     folder.mkdir()
-    archive = subprocess.run(["git", "archive", spec], cwd=HERE.parent, capture_output=True, check=True).stdout
+    archive = subprocess.run(
+        ["git", "archive", spec], cwd=HERE.parent, capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
     return folder
 
 
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+def measure(pair: Pair, batch: Batch, expected: str, runs: int) -> Callable[[], dict[str, float]]:
+    """One variant's measurement at one block size: GB/s, and the CPU time per batch of its writer and its
+    target (from /proc: barely moved by other jobs, unlike the GB/s)."""
+
+    def run() -> dict[str, float]:
+        pids = (pair.initiator.process.pid, pair.target.process.pid)
+        before = [cpu_seconds(pid) for pid in pids]
+        measured = pair.measure(batch, runs, 2, expected)
+        batches_run = runs + 2  # the warm-up batches burn CPU too
+        writer, target = (
+            (cpu_seconds(pid) - b) * 1e3 / batches_run for pid, b in zip(pids, before, strict=True)
+        )
+        return {"gbps": measured.gbps, "writer_cpu_ms": writer, "target_cpu_ms": target}
+
+    return run
 
 
 def start_pair(tree: Path, env: dict[str, str], workdir: Path) -> tuple[Pair, Registry]:
@@ -62,8 +81,13 @@ def start_pair(tree: Path, env: dict[str, str], workdir: Path) -> tuple[Pair, Re
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--variant", action="append", required=True, help="NAME=TREE[:VAR=VALUE,...]; TREE a folder or git revision")
+    parser = benchmark_parser(__doc__, "transfer_ab")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        required=True,
+        help="NAME=TREE[:VAR=VALUE,...]; TREE a folder or git revision",
+    )
     parser.add_argument("--block-sizes", default=",".join(str(b) for b in BLOCK_SIZES))
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--runs", type=int, default=8, help="timed batches per variant, size and round")
@@ -72,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     source = source_bytes(64 * MiB)
     batches = {size: batch_for(size, 64 * MiB) for size in sizes}
     expected = {size: digest(expected_image(source, batch), batch.nbytes) for size, batch in batches.items()}
+    load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kvferry-transfer-ab-") as scratch:
         pairs: dict[str, tuple[Pair, Registry]] = {}
         try:
@@ -80,35 +105,36 @@ def main(argv: list[str] | None = None) -> int:
                 tree, _, settings = rest.partition(":")
                 env = dict(item.split("=", 1) for item in settings.split(",") if item)
                 pairs[name] = start_pair(tree_of(tree, Path(scratch)), env, Path(scratch) / f"pair-{name}")
-            gbps = {(name, size): [] for name in pairs for size in sizes}
-            cpu_ms = {(name, size): [] for name in pairs for size in sizes}
-            print(f"load average {os.getloadavg()[0]:.2f} at the start", flush=True)
-            for number in range(args.rounds):
-                order = list(pairs) if number % 2 == 0 else list(pairs)[::-1]
-                for size in sizes:
-                    for name in order:
-                        pair = pairs[name][0]
-                        pids = (pair.initiator.process.pid, pair.target.process.pid)
-                        before = [cpu_seconds(pid) for pid in pids]
-                        measured = pair.measure(batches[size], args.runs, 2, expected[size])
-                        batches_run = args.runs + 2  # the warm-up batches burn CPU too
-                        cpu_ms[(name, size)].append(tuple((cpu_seconds(pid) - b) * 1e3 / batches_run for pid, b in zip(pids, before, strict=True)))
-                        gbps[(name, size)].append(measured.gbps)
-                print(f"round {number + 1}: " + "  ".join(f"{name}@{size // 1024}K {gbps[(name, size)][-1]:.2f}" for size in sizes for name in pairs)
-                      + f"  (load {os.getloadavg()[0]:.2f})", flush=True)  # fmt: skip
+            print(f"load average {load_at_start[0]:.2f} at the start", flush=True)
+            measured = {size: side_by_side({name: measure(pair, batches[size], expected[size], args.runs)
+                                            for name, (pair, _) in pairs.items()}, args.rounds)
+                        for size in sizes}  # fmt: skip
         finally:
             for pair, registry in pairs.values():
                 pair.stop()
                 registry.close()
     first = next(iter(pairs))
+    rows = []
     for size in sizes:
         for name in pairs:
-            ratios = [x / y for x, y in zip(gbps[(name, size)], gbps[(first, size)], strict=True)]
-            writer = statistics.median(c[0] for c in cpu_ms[(name, size)])
-            target = statistics.median(c[1] for c in cpu_ms[(name, size)])
-            print(f"{size // 1024:5d} KiB {name:10s} median {statistics.median(gbps[(name, size)]):5.2f} GB/s  "
-                  f"/{first} per round {' '.join(f'{r:.2f}' for r in ratios)} (median {statistics.median(ratios):.2f})  "
-                  f"CPU per batch {writer:.1f} + {target:.1f} ms")  # fmt: skip
+            runs = measured[size][name]
+            gbps = [m["gbps"] for m in runs]
+            ratios = [x / y["gbps"] for x, y in zip(gbps, measured[size][first], strict=True)]
+            rows.append({"variant": name, "block_bytes": size, "gbps_median": statistics.median(gbps),
+                         "gbps_per_round": gbps, "gbps_over_baseline_per_round": [round(r, 3) for r in ratios],
+                         "gbps_over_baseline_median": round(statistics.median(ratios), 3),
+                         "writer_cpu_ms_per_batch": statistics.median(m["writer_cpu_ms"] for m in runs),
+                         "target_cpu_ms_per_batch": statistics.median(m["target_cpu_ms"] for m in runs)})  # fmt: skip
+            row = rows[-1]
+            print(f"{size // 1024:5d} KiB {name:10s} median {row['gbps_median']:5.2f} GB/s  /{first} per round "
+                  f"{' '.join(f'{r:.2f}' for r in ratios)} (median {row['gbps_over_baseline_median']:.2f})  "
+                  f"CPU per batch {row['writer_cpu_ms_per_batch']:.1f} + {row['target_cpu_ms_per_batch']:.1f} ms")  # fmt: skip
+    params = {"variants": args.variant, "block_sizes": sizes, "rounds": args.rounds, "runs": args.runs}
+    load_avg = {"start": list(load_at_start), "end": list(os.getloadavg())}
+    result = new_result(
+        "transfer_ab", params, rows, baseline=first, environment={**environment(), "load_avg": load_avg}
+    )
+    print(f"wrote {write_result(result, output_dir(args))}")
     return 0
 
 

@@ -1,5 +1,7 @@
-"""CUDA pool to CUDA pool through kvferry's transfer engine (UCX CUDA IPC), two processes on one GPU,
-beside a torch device-to-device copy of the same bytes in one process (the limit).
+"""CUDA pool to CUDA pool through kvferry's transfer engine, beside a torch device-to-device copy.
+
+Two processes on one GPU, UCX CUDA IPC between them; the torch copy of the same bytes in one process is
+the limit.
 
 Pools are shaped like an 8B model's KV (32 layers, 8 KV heads, head dim 128, bf16, 16-token blocks:
 2 MiB a block). Three block patterns: runs of 64 blocks (one 128 MiB message), runs of 8 (16 MiB
@@ -10,20 +12,19 @@ messages) and scattered single blocks (2 MiB messages).
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
+import sys
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 
-from benchmarks.common import environment, print_table, write_results
+from benchmarks.harness.cli import benchmark_parser, output_dir
+from benchmarks.harness.results import new_result, params_of, write_result
+from benchmarks.harness.table import print_table
 from kvferry.transfer import TransferEngine
 from kvferry.transfer.kv_connector import DestinationHandle, KVSender, pool_description
-
-REPO = Path(__file__).resolve().parents[1]
 
 SHAPE = {"num_layers": 32, "kv_heads": 8, "head_dim": 128}
 NUM_BLOCKS, BATCH_BLOCKS, RUNS = 512, 64, 8
@@ -52,8 +53,8 @@ def pattern(name: str, rng: random.Random) -> tuple[list[int], list[int]]:
     return rng.sample(range(1, NUM_BLOCKS), BATCH_BLOCKS), rng.sample(range(1, NUM_BLOCKS), BATCH_BLOCKS)
 
 
-def main() -> None:
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()  # no options: --help
+def main(argv: list[str] | None = None) -> int:
+    args = benchmark_parser(__doc__, "transfer_cuda").parse_args(argv)
     # The transfer peer is the tests' own (tests/support/), found because benchmarks run from the checkout
     # root; imported here so that the module loads where `tests` is not importable (the unit tests).
     from tests.support.peer_process import PeerProcess
@@ -61,11 +62,21 @@ def main() -> None:
 
     folder = tempfile.mkdtemp(prefix="kvferry-registry-")
     registry = f"file://{folder}"
-    pool = make_pool("bfloat16", NUM_BLOCKS, 16, SHAPE["num_layers"], SHAPE["kv_heads"], SHAPE["head_dim"], "cuda")
+    pool = make_pool(
+        "bfloat16", NUM_BLOCKS, 16, SHAPE["num_layers"], SHAPE["kv_heads"], SHAPE["head_dim"], "cuda"
+    )
     engine = TransferEngine()
     engine.initialize("prefill-bench", registry, "ucx", pool=pool_description("8b-shape", pool))
     sender = KVSender(engine, pool, "8b-shape")
-    receiver = PeerProcess("decode-bench", registry, dtype="bfloat16", num_blocks=NUM_BLOCKS, device="cuda", model="8b-shape", **SHAPE)
+    receiver = PeerProcess(
+        "decode-bench",
+        registry,
+        dtype="bfloat16",
+        num_blocks=NUM_BLOCKS,
+        device="cuda",
+        model="8b-shape",
+        **SHAPE,
+    )
     rng = random.Random(0)
     batch_bytes = BATCH_BLOCKS * pool.block_bytes()
     limit = copy_gbps(batch_bytes)
@@ -75,20 +86,40 @@ def main() -> None:
             times = []
             for index in range(RUNS + 2):
                 src, dst = pattern(name, rng)
-                handle = DestinationHandle.from_json(receiver.call("expect", request_id=f"{name}{index}", block_ids=dst)["handle"])
+                handle = DestinationHandle.from_json(
+                    receiver.call("expect", request_id=f"{name}{index}", block_ids=dst)["handle"]
+                )
                 started = time.perf_counter()
                 sender.send_blocks(f"{name}{index}", src, handle)
                 times.append(time.perf_counter() - started)
             gbps = batch_bytes / statistics.median(times[2:]) / 1e9
-            rows.append({"pattern": name, "batch_mib": batch_bytes >> 20, "kvferry_gbps": round(gbps, 1),
-                         "torch_copy_gbps": round(limit, 1), "pct_of_copy": round(100 * gbps / limit, 1),
-                         "p99_ms": round(1e3 * sorted(times[2:])[-1], 2)})
+            rows.append(
+                {
+                    "pattern": name,
+                    "batch_mib": batch_bytes >> 20,
+                    "kvferry_gbps": round(gbps, 1),
+                    "torch_copy_gbps": round(limit, 1),
+                    "pct_of_copy": round(100 * gbps / limit, 1),
+                    "p99_ms": round(1e3 * sorted(times[2:])[-1], 2),
+                }
+            )
     finally:
         receiver.close()
         engine.close()
     print_table(rows, list(rows[0]))
-    write_results("transfer_cuda", {"environment": environment(), "note": "torch copy counts bytes once (not read+write)", "rows": rows})
+    params = {
+        **params_of(args),
+        **SHAPE,
+        "num_blocks": NUM_BLOCKS,
+        "batch_blocks": BATCH_BLOCKS,
+        "runs": RUNS,
+    }
+    result = new_result(
+        "transfer_cuda", params, rows, notes=["torch copy counts bytes once (not read+write)"]
+    )
+    print(f"wrote {write_result(result, output_dir(args))}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -28,7 +28,9 @@ from benchmarks.transfer_peers.workload import Batch, digest, source_bytes
 
 def ucx_versions() -> dict[str, str]:
     """The version of every libucp this process has loaded (kvferry's ucxx wheel and NIXL each bring one)."""
-    paths = sorted({line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "libucp" in line})
+    paths = sorted(
+        {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if "libucp" in line}
+    )
     versions = {}
     for path in paths:
         try:
@@ -85,7 +87,11 @@ def main() -> None:
     commands = os.fdopen(args.cmd_fd, "r")
     replies = os.fdopen(args.reply_fd, "w")
     # The initiator holds the data; the target starts from zeros, so a checksum proves arrival.
-    buffer = source_bytes(args.buffer_bytes) if args.role == "initiator" else np.zeros(args.buffer_bytes, dtype=np.uint8)
+    buffer = (
+        source_bytes(args.buffer_bytes)
+        if args.role == "initiator"
+        else np.zeros(args.buffer_bytes, dtype=np.uint8)
+    )
     system: System = SYSTEMS[args.system]()
     try:
         info = system.setup(args.name, args.role, buffer, {"registry": args.registry})

@@ -91,7 +91,10 @@ class Kvferry:
         else:
             src, dst, lengths = batch.descriptors(self.base, self.remote_base)
             step = MAX_RANGES_PER_BATCH  # a larger batch goes as several calls in flight at once
-            chunks = [(src[i : i + step], dst[i : i + step], lengths[i : i + step]) for i in range(0, len(src), step)]
+            chunks = [
+                (src[i : i + step], dst[i : i + step], lengths[i : i + step])
+                for i in range(0, len(src), step)
+            ]
         latencies = []
         for _ in range(runs):
             start = time.perf_counter()

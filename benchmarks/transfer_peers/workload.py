@@ -69,13 +69,17 @@ class Batch:
 
     @classmethod
     def from_json(cls, raw: dict[str, object]) -> Batch:
-        return cls(int(raw["block_bytes"]), int(raw["count"]), None if raw["seed"] is None else int(raw["seed"]))  # type: ignore[arg-type]
+        return cls(
+            int(raw["block_bytes"]), int(raw["count"]), None if raw["seed"] is None else int(raw["seed"])
+        )  # type: ignore[arg-type]
 
 
 def expected_image(source: np.ndarray, batch: Batch) -> np.ndarray:
     """What the destination's first `batch.nbytes` bytes must hold after the batch."""
     image = np.empty(batch.nbytes, dtype=np.uint8)
-    image.reshape(batch.count, batch.block_bytes)[batch.slots()] = source[: batch.nbytes].reshape(batch.count, batch.block_bytes)
+    image.reshape(batch.count, batch.block_bytes)[batch.slots()] = source[: batch.nbytes].reshape(
+        batch.count, batch.block_bytes
+    )
     return image
 
 

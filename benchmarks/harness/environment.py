@@ -1,20 +1,19 @@
-"""Helpers the benchmark scripts share: environment facts, cached test checkpoints, result files."""
+"""The machine a result was measured on, and the test checkpoints benchmarks run on."""
 
 from __future__ import annotations
 
-import json
 import platform
 from pathlib import Path
 
-import torch
-
 from kvferry.cache_dir import cache_dir
 
-RESULTS = Path(__file__).resolve().parent / "results"
 CACHE = cache_dir()
 
 
 def environment() -> dict[str, object]:
+    """Python, torch, torch's CPU threads, the machine, and the CUDA GPU's name (None without one)."""
+    import torch  # here, not at import: `kvferry bench --list` and the schema tests load no torch
+
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -32,17 +31,3 @@ def cached_model(arch: str, size: str, seed: int = 0, dtype: str = "float32") ->
     if not (folder / "config.json").is_file():
         make_model(arch, size, folder, seed=seed, dtype=dtype)
     return folder
-
-
-def write_results(name: str, payload: dict[str, object]) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
-    path.write_text(json.dumps(payload, indent=2) + "\n")
-    return path
-
-
-def print_table(rows: list[dict[str, object]], columns: list[str]) -> None:
-    widths = [max(len(c), *(len(f"{r[c]}") for r in rows)) for c in columns]
-    print("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)))
-    for row in rows:
-        print("  ".join(f"{row[c]}".ljust(w) for c, w in zip(columns, widths, strict=True)))
