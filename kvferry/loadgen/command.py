@@ -1,4 +1,4 @@
-"""`kvferry bench`: build a workload, offer it at each requested load, report, write JSON and a plot."""
+"""`kvferry loadgen`: build a workload, offer it at each requested load, report, write JSON and a plot."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`kvferry bench` against a real `kvferry up` cluster (tiny model, a few requests): the JSON it writes."""
+"""`kvferry loadgen` against a real `kvferry up` cluster (tiny model, a few requests): the JSON it writes."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def router_url(tiny_models):
 def test_bench_writes_percentiles_goodput_and_per_request_timings(router_url, tiny_models, tmp_path):
     out, plot = tmp_path / "bench.json", tmp_path / "bench.png"
     args = [
-        sys.executable, "-m", "kvferry", "bench", "--base-url", router_url, "--model", str(tiny_models["llama"]),
+        sys.executable, "-m", "kvferry", "loadgen", "--base-url", router_url, "--model", str(tiny_models["llama"]),
         "--dataset", "random", "--num-prompts", str(NUM_PROMPTS), "--random-input-len", str(INPUT_LEN),
         "--random-output-len", str(OUTPUT_LEN), "--request-rate", "20,inf", "--time-limit", "120",
         "--slo-ttft", "60", "--slo-tpot", "60", "--out", str(out), "--no-progress",

@@ -42,7 +42,7 @@ def test_router_app_loads_no_engine_torch_or_ucx():
     loaded = loaded_after("import kvferry.router.app")
     assert under(loaded, ROUTER_MUST_NOT_LOAD) - ROUTER_MAY_LOAD == set()
     # Nor numpy (a sixth of a second), which the block hash needed for one conversion. The CLI still loads it
-    # with `kvferry bench`'s parser (kvferry/loadgen), for every subcommand.
+    # with `kvferry loadgen`'s parser (kvferry/loadgen), for every subcommand.
     assert under(loaded, ("numpy",)) == set()
 
 
