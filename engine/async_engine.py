@@ -99,9 +99,9 @@ class AsyncLLMEngine:
         """Validates and queues (raising ValueError for bad input); iterate for outputs."""
         return await self._start(request_id, lambda: self.engine.add_request(request_id, prompt, params, hold_kv))
 
-    async def activate(self, request_id: str, first_token: int, logprobs: dict[int, float] | None = None) -> AsyncIterator[RequestOutput]:
-        """Decode side: start decoding a reserved request from the token its prefill node sampled."""
-        return await self._start(request_id, lambda: self.engine.activate(request_id, first_token, logprobs))
+    async def activate(self, request_id: str) -> AsyncIterator[RequestOutput]:
+        """Decode side: start decoding a reserved request whose KV arrived (LLMEngine.activate)."""
+        return await self._start(request_id, lambda: self.engine.activate(request_id))
 
     async def _start(self, request_id: str, begin: Callable[[], RequestOutput | None]) -> AsyncIterator[RequestOutput]:
         loop = asyncio.get_running_loop()

@@ -19,7 +19,7 @@ from kvferry.engine.model import CausalLM
 from kvferry.engine.model_config import ModelConfig
 from kvferry.engine.model_runner import Launched, ModelRunner
 from kvferry.engine.model_source import resolve_model
-from kvferry.engine.outputs import CompletionOutput, RequestOutput
+from kvferry.engine.outputs import CompletionOutput, EngineOccupancy, RequestOutput
 from kvferry.engine.sampler import SamplerOutput
 from kvferry.engine.sampling_params import SamplingParams
 from kvferry.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
@@ -201,17 +201,17 @@ class LLMEngine:
         self.reserved[request_id] = seq
         return KVReservation(request_id, seq.block_ids[cached_blocks:], cached_blocks)
 
-    def activate(self, request_id: str, first_token: int, logprobs: dict[int, float] | None = None) -> RequestOutput:
-        """Decode side: the prompt's KV has arrived and the prefill side sampled `first_token`; decoding
-        continues from it in the running batch."""
+    def activate(self, request_id: str) -> None:
+        """Decode side: the prompt's KV has arrived. The sequence joins the running batch with its last
+        prompt token still to compute: the next step runs it as a decode row over the arrived blocks, and
+        its logits give the first token, sampled here like every later one (as vLLM's decode side does).
+        So the prefill node's sampled token never has to travel, and a seeded request draws from one
+        generator, the same tokens as when colocated."""
         seq = self.reserved.pop(request_id)
-        seq.num_computed_tokens = seq.num_tokens
+        seq.num_computed_tokens = seq.num_tokens - 1
         self.block_manager.cache_computed_blocks(seq)
         seq.status = SequenceStatus.RUNNING
         self.scheduler.running.append(seq)
-        self._append_token(seq, first_token, logprobs)
-        self._detokenize(seq, first_token)
-        return self._output(request_id)
 
     def cancel_reservation(self, request_id: str) -> bool:
         """Decode side: the KV never arrived (lease expired, abort): free the reserved blocks. False when
@@ -233,6 +233,12 @@ class LLMEngine:
             if not seq.is_finished:
                 self.scheduler.finish(seq, "abort")
         return request.output()
+
+    def occupancy(self) -> EngineOccupancy:
+        return EngineOccupancy(
+            len(self.scheduler.running), len(self.scheduler.waiting), len(self.reserved), len(self.held_kv),
+            self.allocator.stats(), self.scheduler.num_preemptions,
+        )
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvferry.kvcache.allocator import AllocatorStats
+
 
 @dataclass
 class CompletionOutput:
@@ -35,3 +37,15 @@ class RequestOutput:
     @property
     def finished(self) -> bool:
         return all(output.finished for output in self.outputs)
+
+
+@dataclass(frozen=True)
+class EngineOccupancy:
+    """What an engine holds at one moment: what nodes report as load and check for leaks."""
+
+    running: int
+    waiting: int
+    reserved: int  # decode side: reservations whose KV has not arrived or not been claimed
+    held_kv: int  # prefill side: finished prompts whose blocks are still travelling
+    blocks: AllocatorStats
+    preemptions: int

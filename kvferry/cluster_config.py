@@ -5,7 +5,7 @@ Both sides use this model: the operator builds it (operator/build_config.py), th
 load it with `load_cluster_config`, so a field one side writes and the other does not know is an error
 when the operator renders it, not a pod that ignores it. Who reads each field:
 
-| field | prefill and decode nodes (kvferry/node_config.py) | router (router/config.py) |
+| field | prefill and decode nodes (kvferry/node/config.py) | router (router/config.py) |
 | --- | --- | --- |
 | `model.path` | the weights and tokenizer | the tokenizer and chat template |
 | `model.servedName` | the prefix-hash salt and registry record | the API's model name, the prefix-index keys |

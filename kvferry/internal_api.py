@@ -45,44 +45,29 @@ class SamplingSpec(_Strict):
         return SamplingParams(**{**self.model_dump(), **overrides})
 
 
-class ReserveRequest(_Strict):
+class PromptRequest(_Strict):
+    """A prompt for a node: D's /decode (KV from a prefill node) and /generate (prefilled on D)."""
+
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingSpec
 
 
-class ReserveResponse(_Strict):
+class ReservedKV(_Strict):
+    """The first line of D's /decode stream: where the prefill node writes the prompt's KV."""
+
     handle: dict[str, Any]  # a transfer.kv_connector.DestinationHandle as JSON
     cached_blocks: int
 
 
-class PrefillRequest(_Strict):
-    request_id: str
-    prompt_token_ids: list[int]
-    sampling: SamplingSpec
+class PrefillRequest(PromptRequest):
     handle: dict[str, Any]
 
 
 class PrefillResponse(_Strict):
-    first_token: int
-    logprobs: dict[int, float] | None = None
     kv_bytes: int
     prefill_ms: float
     transfer_ms: float
-
-
-class DecodeRequest(_Strict):
-    request_id: str
-    first_token: int
-    logprobs: dict[int, float] | None = None
-
-
-class GenerateRequest(_Strict):
-    """A decode node prefilling locally (no prefill node, or it failed)."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    sampling: SamplingSpec
 
 
 class StreamChunk(_Strict):
@@ -93,3 +78,5 @@ class StreamChunk(_Strict):
     finish_reason: str | None = None
     logprobs: list[dict[int, float]] | None = None
     error: str | None = None
+    # On the first line of a /decode stream whose KV did not come: why D prefilled the prompt itself.
+    local_prefill: str | None = None

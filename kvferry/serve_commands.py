@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from kvferry.node_config import add_node_arguments, node_config_from
+from kvferry.node.config import add_node_arguments, node_config_from
 
 if TYPE_CHECKING:
     from kvferry.router.config import RouterConfig
@@ -35,7 +35,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def _serve_node(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from kvferry.node_runtime import NodeRuntime
+    from kvferry.node.runtime import NodeRuntime
 
     try:
         config = node_config_from(args, args.role)

@@ -17,7 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from kvferry.node_config import node_url
+from kvferry.node.config import node_url
 from kvferry.operator.naming import ROLE_LABEL
 from kvferry.router.config import DiscoverySection
 from kvferry.router.nodes import Endpoint, Role

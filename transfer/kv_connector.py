@@ -103,6 +103,7 @@ class KVReceiver:
         lease_seconds: float = 5.0,
         on_expired: Callable[[str, list[int]], None] | None = None,
         on_received: Callable[[int], None] | None = None,
+        on_completed: Callable[[str], None] | None = None,
     ) -> None:
         self.engine = engine
         self.pool = pool
@@ -111,6 +112,8 @@ class KVReceiver:
         self.on_expired = on_expired
         # Called with the byte count of each write admitted into a lease, on the transfer engine's thread.
         self.on_received = on_received
+        # Called with the request id once every reserved block of its lease arrived (transfer engine's thread).
+        self.on_completed = on_completed
         self.block_bytes = pool.block_bytes()
         self.base = pool.tensor.data_ptr()
         self._leases: dict[str, _Lease] = {}
@@ -124,11 +127,11 @@ class KVReceiver:
         token = secrets.token_hex(16)
         ranges = [(self.base + src * self.block_bytes, count * self.block_bytes) for src, _, count in coalesce_block_runs(block_ids, block_ids)]
         lease = _Lease(request_id, list(block_ids), ranges, time.monotonic() + self.lease_seconds, set(block_ids))
-        if not block_ids:
-            lease.ok = True
-            lease.done.set()
         with self._lock:
             self._leases[token] = lease
+        if not block_ids:  # this node holds the whole prompt already: nothing will travel
+            lease.ok = True
+            lease.done.set()
         return DestinationHandle(
             node=self.engine.local_name,
             request_id=request_id,
@@ -220,6 +223,8 @@ class KVReceiver:
             lease.deadline = time.monotonic() + self.lease_seconds
         self.stats["leases_completed"] += 1
         lease.done.set()
+        if self.on_completed is not None:
+            self.on_completed(lease.request_id)
 
 
 class KVSender:

@@ -10,7 +10,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-from support.disaggregated_cluster import MODEL_NAME, idle
+from support.disaggregated_cluster import MODEL_NAME, idle, reservation
 
 STREAMS = 100
 ABANDONED = 10
@@ -89,6 +89,7 @@ def test_abort_storm_loses_nothing_and_leaks_nothing(pd_cluster):
     decode = pd_cluster.urls["decode-0"]
     body = {"request_id": "storm-again", "prompt_token_ids": [1, 2, 3], "sampling": {"max_tokens": 2}}
     for _ in range(2):
-        assert httpx.post(f"{decode}/internal/v1/reserve", json=body, timeout=10).status_code == 200
-        assert httpx.post(f"{decode}/internal/v1/abort/storm-again", timeout=10).status_code == 200
+        with reservation(decode, body) as reserved:
+            assert reserved["handle"]["request_id"] == "storm-again"
+            assert httpx.post(f"{decode}/internal/v1/abort/storm-again", timeout=10).status_code == 200
     assert idle(pd_cluster.stats("decode-0"))

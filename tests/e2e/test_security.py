@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi import FastAPI
-from support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster
+from support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster, reservation
 
 API_KEY = "sk-" + secrets.token_urlsafe(16)
 CLUSTER_TOKEN = secrets.token_urlsafe(32)
@@ -97,10 +97,10 @@ def test_every_node_route_but_probes_and_monitoring_needs_the_cluster_token(clus
 def test_the_token_opens_the_internal_api(cluster):
     decode = cluster.urls["decode-0"]
     body = {"request_id": "security-reserve", "prompt_token_ids": [1, 2, 3], "sampling": {"max_tokens": 2}}
-    reserve = httpx.post(f"{decode}/internal/v1/reserve", json=body, headers=bearer(CLUSTER_TOKEN), timeout=10)
-    assert reserve.status_code == 200, reserve.text
-    abort = httpx.post(f"{decode}/internal/v1/abort/security-reserve", headers=bearer(CLUSTER_TOKEN), timeout=10)
-    assert abort.json() == {"aborted": True}
+    with reservation(decode, body, bearer(CLUSTER_TOKEN)) as reserved:
+        assert reserved["handle"]["request_id"] == "security-reserve"
+        abort = httpx.post(f"{decode}/internal/v1/abort/security-reserve", headers=bearer(CLUSTER_TOKEN), timeout=10)
+        assert abort.json() == {"aborted": True}
     assert cluster.stats("decode-0")["reserved"] == 0
 
 

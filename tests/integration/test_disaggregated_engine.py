@@ -53,7 +53,7 @@ def _disaggregated(prefill, decode, sender, receiver, request_id, prompt, max_to
     assert receiver.wait(handle)
     receiver.release(handle)
     prefill.release_kv(request_id)
-    decode.activate(request_id, first.outputs[0].token_ids[0])
+    decode.activate(request_id)  # D computes the last prompt token and samples token 1 itself
     return reservation, sent
 
 

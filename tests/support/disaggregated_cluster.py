@@ -8,11 +8,13 @@ by name so that a test can kill one.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -25,6 +27,18 @@ LEASE_SECONDS = 2.0
 TRANSFER_TIMEOUT_SECONDS = 1.0
 # A router learns of a node's death from its probes (every 2 s); under load it may take a few rounds.
 ROUTER_NOTICE_SECONDS = 30.0
+
+
+@contextlib.contextmanager
+def reservation(decode_url: str, body: dict, headers: dict | None = None) -> Iterator[dict]:
+    """A decode node's /decode stream held open, as the router holds it while the prefill node works:
+    yields its first line (the reservation's handle); leaving closes the stream, as a router that left."""
+    with httpx.stream("POST", f"{decode_url}/internal/v1/decode", json=body, headers=headers, timeout=10) as response:
+        assert response.status_code == 200, response.read()
+        # Kept while the caller works: a line iterator dropped early closes the connection (httpcore's
+        # stream closes its response when its iteration is interrupted), as a router leaving would.
+        lines = response.iter_lines()
+        yield json.loads(next(lines))
 
 
 def idle(stats: dict) -> bool:

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from kvferry.cli import build_parser, main
-from kvferry.node_config import NodeConfig, node_config_from, node_url
-from kvferry.node_runtime import engine_args_from
+from kvferry.node.config import NodeConfig, node_config_from, node_url
+from kvferry.node.runtime import engine_args_from
 from kvferry.operator.children import build_children
 from kvferry.operator.naming import ClusterRef
 from kvferry.operator.validation import parse_spec

@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from kvferry.engine.devices import resolve_device
-from kvferry.node_config import NodeConfig, add_node_arguments, node_config_from, transfer_environment
-from kvferry.node_runtime import engine_args_from
+from kvferry.node.config import NodeConfig, add_node_arguments, node_config_from, transfer_environment
+from kvferry.node.runtime import engine_args_from
 
 
 def _config(role: str, *flags: str):

@@ -11,7 +11,7 @@ import anyio.to_thread
 import pytest
 from support.benchmarks_package import import_benchmark
 
-from kvferry.node_metrics import NodeMetrics
+from kvferry.node.metrics import NodeMetrics
 from kvferry.router.metrics import RouterMetrics
 
 soak_sampling = import_benchmark("soak_sampling")

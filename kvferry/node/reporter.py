@@ -26,12 +26,12 @@ RunLocked = Callable[[Callable[[LLMEngine], object]], object]
 
 def load_fields(engine: LLMEngine) -> dict[str, object]:
     """The part of a node's registry record that changes: what routers weigh when they pick it."""
-    blocks = engine.allocator.stats()
+    now = engine.occupancy()
     return {
-        "free_blocks": blocks.free + blocks.cached,
-        "total_blocks": blocks.total,
-        "running": len(engine.scheduler.running),
-        "waiting": len(engine.scheduler.waiting),
+        "free_blocks": now.blocks.free + now.blocks.cached,
+        "total_blocks": now.blocks.total,
+        "running": now.running,
+        "waiting": now.waiting,
     }
 
 

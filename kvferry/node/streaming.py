@@ -1,0 +1,38 @@
+"""An engine stream as the NDJSON lines of the nodes' internal API (one StreamChunk per step)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+from kvferry.engine import RequestOutput
+from kvferry.internal_api import StreamChunk
+
+
+async def ndjson_deltas(stream: AsyncIterator[RequestOutput], local_prefill: str | None = None) -> AsyncIterator[bytes]:
+    """Cumulative engine outputs -> one JSON line per step with only what is new (n == 1). `local_prefill`
+    (why a decode node prefilled a prompt whose KV did not come) goes on the first line."""
+    sent_tokens, sent_text = 0, 0
+    try:
+        async for output in stream:
+            completion = output.outputs[0]
+            chunk = StreamChunk(
+                token_ids=completion.token_ids[sent_tokens:],
+                text=completion.text[sent_text:],
+                finish_reason=completion.finish_reason,
+                logprobs=completion.logprobs[sent_tokens:] if completion.logprobs is not None else None,
+                local_prefill=None if sent_tokens else local_prefill,
+            )
+            sent_tokens, sent_text = len(completion.token_ids), len(completion.text)
+            yield (chunk.model_dump_json() + "\n").encode()
+    except Exception as exc:  # noqa: BLE001 - the stream is already open: report in-band, then end
+        yield error_line(exc)
+    finally:
+        # A reader that left closes this generator only: close the engine stream now (it aborts the
+        # request), not whenever the garbage collector finalises it.
+        await stream.aclose()  # type: ignore[attr-defined]
+
+
+def error_line(exc: BaseException) -> bytes:
+    """The last line of a stream that failed after it opened (its status was sent already)."""
+    return (json.dumps({"token_ids": [], "text": "", "finish_reason": "error", "error": str(exc)}) + "\n").encode()
