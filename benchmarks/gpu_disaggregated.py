@@ -68,12 +68,14 @@ def decode_process(conn, model_dir: str, registry: str, args: EngineArgs) -> Non
         handle = handles.pop(request_id)
         arrived = receiver.wait(handle)
         receiver.release(handle)
-        engine.activate(request_id, message["first_token"])
-        first_token_at = time.monotonic()
-        tokens = 1
+        # The decode node computes the last prompt position over the arrived KV and samples token 1 itself.
+        engine.activate(request_id)
+        first_token_at = None
+        tokens = 0
         while engine.has_unfinished_requests():
             for output in engine.step():
                 tokens = len(output.outputs[0].token_ids)
+                first_token_at = first_token_at or time.monotonic()
         conn.send(
             {
                 "arrived": arrived,
@@ -131,7 +133,7 @@ def disaggregated_request(
     transferred = time.monotonic()
     runs = coalesce_block_runs(first.kv_block_ids[handle.first_block :], handle.block_ids)
     engine.release_kv(request_id)
-    conn.send({"cmd": "activate", "request_id": request_id, "first_token": first.outputs[0].token_ids[0]})
+    conn.send({"cmd": "activate", "request_id": request_id})
     decoded = conn.recv()
     assert decoded["arrived"] and decoded["tokens"] == output_len, decoded
     ttft = decoded["first_token_at"] - started

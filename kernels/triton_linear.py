@@ -1,7 +1,7 @@
 """One-row matmul (a GEMV) in Triton, for batch-1 decode: out[n] = sum_k x[k] * weight[n, k].
 
 One program per BLOCK_N weight rows walks the whole K in BLOCK_K-wide tiles and multiplies in float32
-elementwise, reducing once at the end. On an H200 (benchmarks/gpu_gemv_probe.py, bf16, weights read
+elementwise, reducing once at the end. On an H200 (the probe described in docs/gpu.md, bf16, weights read
 once, graph replays) BLOCK_N 4, BLOCK_K 2048 and 4 warps were the best of 18 configurations at every
 8B-model shape and read the weights faster than cuBLAS's choice for one row: 3.3-4.5 TB/s against
 2.5-4.1 (o_proj 4096 x 4096: 10.3 us against 13.2). Larger batches stay on cuBLAS's tensor-core GEMMs.

@@ -13,7 +13,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
-SUBCOMMANDS = ("make-model", "generate", "operator", "prefill", "decode", "router", "up", "bench")
+SUBCOMMANDS = ("make-model", "generate", "operator", "prefill", "decode", "router", "up", "loadgen", "bench")
 
 
 def _run(args: list[str], cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
