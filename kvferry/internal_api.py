@@ -66,7 +66,9 @@ class PrefillRequest(PromptRequest):
 
 class PrefillResponse(_Strict):
     kv_bytes: int
-    prefill_ms: float
+    computed_tokens: int  # prompt tokens computed (the rest hit the prefill node's prefix cache)
+    queue_ms: float  # waiting for the first step
+    prefill_ms: float  # computing, after the queue
     transfer_ms: float
 
 

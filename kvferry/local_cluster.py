@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 
 from kvferry.redis_server import RedisServer, free_port
-from kvferry.router.auth import CLUSTER_TOKEN_ENV
+from kvferry.router.admission.auth import CLUSTER_TOKEN_ENV
 
 READY_TIMEOUT_SECONDS = 180
 STOP_GRACE_SECONDS = 8

@@ -100,7 +100,7 @@ def _selector(text: str | None) -> dict[str, str] | None:
 
 
 def router_config_from(args: argparse.Namespace) -> RouterConfig:
-    from kvferry.router.auth import api_keys_from
+    from kvferry.router.admission.auth import api_keys_from
     from kvferry.router.config import load_config
 
     selectors = {role: s for role in ("prefill", "decode") if (s := _selector(getattr(args, f"{role}_selector")))}

@@ -27,7 +27,7 @@ from kvferry.operator.security import container_security_context, pod_security_c
 
 ServingRole = Literal["prefill", "decode", "router"]
 API_KEY_ENV = "KVFERRY_API_KEY"
-CLUSTER_TOKEN_ENV = "KVFERRY_CLUSTER_TOKEN"  # what kvferry.router.auth.cluster_token_from reads, in every role
+CLUSTER_TOKEN_ENV = "KVFERRY_CLUSTER_TOKEN"  # what kvferry.router.admission.auth.cluster_token_from reads, in every role
 POD_NAME_ENV = "POD_NAME"
 POD_IP_ENV = "POD_IP"
 # The image's torch is PyPI's CUDA build: a node that gets a GPU uses it. Kubernetes requires a limit for

@@ -31,7 +31,9 @@ class PrefillAborted(RuntimeError):
 @dataclass(frozen=True)
 class PrefillResult:
     kv_bytes: int
-    prefill_seconds: float
+    computed_tokens: int  # the prompt tokens computed here (the rest came from the prefix cache)
+    queue_seconds: float  # waiting for the first step
+    prefill_seconds: float  # computing, after the queue
     transfer_seconds: float
 
 
@@ -80,7 +82,9 @@ class PrefillConnector:
             raise PrefillAborted(f"request {request_id!r} was aborted")
         transferred = time.perf_counter()
         self._observe(final, len(prompt_ids), started, prefilled, transferred, kv_bytes)
-        return PrefillResult(kv_bytes, prefilled - started, transferred - prefilled)
+        queued = final.queue_seconds or 0.0
+        return PrefillResult(kv_bytes, len(prompt_ids) - final.num_cached_tokens, queued, prefilled - started - queued,
+                             transferred - prefilled)
 
     async def _prefill(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestOutput:
         """The prompt's step(s), its blocks held afterwards. The token sampled here is not used: the decode

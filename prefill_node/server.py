@@ -39,7 +39,8 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
             raise HTTPException(409, str(exc)) from None
         except TransferError as exc:
             raise HTTPException(502, f"KV transfer to {handle.node} failed: {exc}") from None
-        return PrefillResponse(kv_bytes=result.kv_bytes, prefill_ms=1e3 * result.prefill_seconds,
+        return PrefillResponse(kv_bytes=result.kv_bytes, computed_tokens=result.computed_tokens,
+                               queue_ms=1e3 * result.queue_seconds, prefill_ms=1e3 * result.prefill_seconds,
                                transfer_ms=1e3 * result.transfer_seconds)
 
     @app.post(f"{API_PREFIX}/abort/{{request_id}}")

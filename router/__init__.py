@@ -1,2 +1,11 @@
-"""The OpenAI-compatible router: picks a prefill and a decode node per request (scheduling/), runs the
-P/D flow against their internal API (pd_flow.py) and answers in OpenAI's shapes (docs/router.md)."""
+"""The OpenAI-compatible router, by stage (docs/design.md):
+
+- api/: OpenAI's request and response shapes, tokenization and limits, SSE, errors;
+- admission/: API keys, the in-flight limit, request plugins;
+- scheduling/: prefix lookup, the P/D decision, filters -> scorers -> picker;
+- dispatch/: the P/D flow of each scheduled choice, two calls, one to each node;
+- discovery/: where the nodes are, their records and health, as the scheduler's snapshots;
+- metrics.py: Prometheus and /stats.
+
+service.py runs one request through the stages; app.py wires them into the FastAPI app.
+"""

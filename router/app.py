@@ -14,17 +14,12 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 
 from kvferry.kvcache.prefix_index import PrefixIndex, prefix_index_from
-from kvferry.router.admission import Admission
-from kvferry.router.auth import PROBE_PATHS, APIKeyMiddleware, bearer_headers, cluster_token_from
-from kvferry.router.body_limit import BodyLimitMiddleware
-from kvferry.router.cluster import ClusterState
-from kvferry.router.config import RouterConfig
-from kvferry.router.discovery import Discovery, RegistryDiscovery, StaticDiscovery
-from kvferry.router.errors import ERROR_RESPONSES, install_error_handlers
-from kvferry.router.health import HealthTracker
-from kvferry.router.metrics import RouterMetrics
-from kvferry.router.node_streams import NodeStreams
-from kvferry.router.openai_schema import (
+from kvferry.router.admission.auth import PROBE_PATHS, APIKeyMiddleware, bearer_headers, cluster_token_from
+from kvferry.router.admission.limit import Admission
+from kvferry.router.admission.plugins import load_plugins
+from kvferry.router.api.body_limit import BodyLimitMiddleware
+from kvferry.router.api.errors import ERROR_RESPONSES, install_error_handlers
+from kvferry.router.api.openai_schema import (
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -32,11 +27,18 @@ from kvferry.router.openai_schema import (
     ModelCard,
     ModelList,
 )
-from kvferry.router.pd_flow import PDFlow
-from kvferry.router.plugins import load_plugins
-from kvferry.router.prompts import ModelLimits, PromptEncoder
-from kvferry.router.registry_view import RegistryView
+from kvferry.router.api.prompts import ModelLimits, PromptEncoder
+from kvferry.router.config import RouterConfig
+from kvferry.router.discovery.cluster import ClusterState
+from kvferry.router.discovery.health import HealthTracker
+from kvferry.router.discovery.registry_view import RegistryView
+from kvferry.router.discovery.sources import Discovery, RegistryDiscovery, StaticDiscovery
+from kvferry.router.dispatch.node_streams import NodeStreams
+from kvferry.router.dispatch.pd_flow import PDFlow
+from kvferry.router.metrics import RouterMetrics
 from kvferry.router.scheduling import Scheduler
+from kvferry.router.scheduling.pd_decision import PDDecision
+from kvferry.router.scheduling.prefix_lookup import PrefixLookup
 from kvferry.router.scheduling.routing_history import RoutingHistory
 from kvferry.router.service import CompletionService
 from kvferry.transfer.registry import registry_from
@@ -49,7 +51,7 @@ def _discovery(config: RouterConfig, view: RegistryView) -> Discovery:
     if settings.mode == "registry":
         return RegistryDiscovery(view)
     if settings.mode == "kubernetes":
-        from kvferry.router.kubernetes_discovery import KubernetesDiscovery
+        from kvferry.router.discovery.kubernetes import KubernetesDiscovery
 
         return KubernetesDiscovery.from_config(settings)
     return StaticDiscovery(settings.prefill, settings.decode)
@@ -88,11 +90,15 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     if index is None and config.redis.url:
         index = prefix_index_from(config.redis.url, model)
     encoder = PromptEncoder(config.model.path, ModelLimits.from_dir(config.model.path, config.model.max_model_len))
+    pd = PDDecision(config.disaggregation, config.disaggregation_min_tokens)
+    admission = Admission(config.max_inflight)
     service = CompletionService(
-        model=model, encoder=encoder, cluster=cluster, scheduler=Scheduler(config.resolve_policy()), index=index,
-        flow=PDFlow(client, NodeStreams(node_headers), cluster, metrics, config.prefill_timeout_seconds), metrics=metrics,
-        plugins=load_plugins(config.plugins), admission=Admission(config.max_inflight),
-        default_max_tokens=config.default_max_tokens, history=RoutingHistory(config.routing_history_seconds),
+        model=model, encoder=encoder, cluster=cluster,
+        lookup=PrefixLookup(model, index, RoutingHistory(config.routing_history_seconds)),
+        scheduler=Scheduler(config.resolve_policy(), pd=pd),
+        flow=PDFlow(client, NodeStreams(node_headers), cluster, metrics, config.prefill_timeout_seconds, pd),
+        metrics=metrics, plugins=load_plugins(config.plugins), admission=admission,
+        default_max_tokens=config.default_max_tokens,
     )
     started = int(time.time())
 
@@ -150,7 +156,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     def stats() -> dict[str, Any]:
         """Counters as JSON, and the nodes as the scheduler sees them."""
         nodes = [node.__dict__ for node in cluster.views()]
-        return {**metrics.stats(), "policy": service.scheduler.policy.name, "inflight": service.admission.inflight,
-                "nodes": nodes}
+        return {**metrics.stats(), "policy": config.resolve_policy().name, "inflight": admission.inflight,
+                "disaggregation": pd.stats(), "nodes": nodes}
 
     return app

@@ -73,6 +73,10 @@ class RouterConfig(_Section):
     # How long the router counts a prompt's blocks as cached on the node it sent them to, before the node's
     # own index entries take over (router/scheduling/routing_history.py); 0 turns the history off.
     routing_history_seconds: float = Field(30.0, ge=0)
+    # The P/D decision (router/scheduling/pd_decision.py): always disaggregate when a prefill node is up,
+    # never, or auto: from the measured costs, with this threshold of uncached tokens until measured.
+    disaggregation: Literal["always", "auto", "never"] = "always"
+    disaggregation_min_tokens: int = Field(256, ge=0)
 
     @model_validator(mode="after")
     def _known_policy(self) -> RouterConfig:

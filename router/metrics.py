@@ -63,6 +63,10 @@ class RouterMetrics:
         self.decisions = Counter("kvferry:routing_decisions", "Scheduling decisions", ["policy", "role", "node"], registry=r)
         self.fallbacks = Counter("kvferry:local_prefill_fallbacks", "Requests a decode node prefilled itself",
                                  ["reason"], registry=r)
+        self.pd_decisions = Counter("kvferry:pd_decisions", "P/D decisions: prompts disaggregated or kept on the "
+                                    "decode node", ["path"], registry=r)
+        self.node_calls = Counter("kvferry:router_node_calls", "HTTP calls the router made to nodes, by route",
+                                  ["route"], registry=r)
         self.inflight = Gauge("kvferry:router_inflight_requests", "Requests in flight in this router", registry=r)
         add_asyncio_tasks_gauge(r, {})
         self.tally: Tally[str] = Tally()  # /stats

@@ -1,9 +1,9 @@
-"""One OpenAI request end to end: plugins, tokenization, limits, scheduling (one prefix-index lookup per
-prompt), the P/D flow for each choice, and the response (whole or SSE), with its metrics."""
+"""One OpenAI request end to end, stage after stage: the API (plugins, tokenization, limits), scheduling (one
+prefix lookup per prompt, then a decision per choice), dispatch (the P/D flow of each choice), and the
+response (whole or SSE), with its metrics."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import random
 import time
@@ -15,24 +15,21 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
 from kvferry.internal_api import SamplingSpec
-from kvferry.kvcache.block_hash import hash_prompt_blocks
-from kvferry.kvcache.prefix_index import PrefixIndex
-from kvferry.router.admission import Admission
-from kvferry.router.cluster import ClusterState
-from kvferry.router.disconnect import ClientDisconnected, until_disconnected
-from kvferry.router.errors import APIError, overloaded
+from kvferry.router.admission.limit import Admission
+from kvferry.router.admission.plugins import PluginChain, PluginContext
+from kvferry.router.api.disconnect import ClientDisconnected, until_disconnected
+from kvferry.router.api.errors import APIError, overloaded
+from kvferry.router.api.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingFields
+from kvferry.router.api.prompts import PromptEncoder
+from kvferry.router.api.responses import Choice, ResponseShape, sse
+from kvferry.router.api.sse_response import SSEResponse
+from kvferry.router.api.streams import merge_streams
+from kvferry.router.discovery.cluster import ClusterState
+from kvferry.router.dispatch.pd_flow import PDFlow
 from kvferry.router.metrics import RouterMetrics
-from kvferry.router.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingFields
-from kvferry.router.pd_flow import PDFlow
-from kvferry.router.plugins import PluginChain, PluginContext
-from kvferry.router.prompts import PromptEncoder
-from kvferry.router.responses import Choice, ResponseShape, sse
 from kvferry.router.scheduling import NoNodeAvailable, Scheduler, SchedulingRequest
-from kvferry.router.scheduling.routing_history import RoutingHistory, combined
-from kvferry.router.sse_response import SSEResponse
-from kvferry.router.streams import merge_streams
+from kvferry.router.scheduling.prefix_lookup import PrefixLookup
 
-DEFAULT_BLOCK_SIZE = 16  # the nodes' default; their records say when they use another
 GREEDY_BELOW_TEMPERATURE = 1e-5
 SMALLEST_TOP_P = 1e-6
 MAX_CHOICES = 64  # prompts x n in one request: each is its own node request
@@ -73,12 +70,11 @@ def sampling_spec(body: SamplingFields, max_tokens: int, logprobs: int | None) -
 
 
 class CompletionService:
-    def __init__(self, *, model: str, encoder: PromptEncoder, cluster: ClusterState, scheduler: Scheduler,
-                 index: PrefixIndex | None, flow: PDFlow, metrics: RouterMetrics, plugins: PluginChain,
-                 admission: Admission, default_max_tokens: int | None, history: RoutingHistory) -> None:
+    def __init__(self, *, model: str, encoder: PromptEncoder, cluster: ClusterState, lookup: PrefixLookup,
+                 scheduler: Scheduler, flow: PDFlow, metrics: RouterMetrics, plugins: PluginChain,
+                 admission: Admission, default_max_tokens: int | None) -> None:
         self.model, self.encoder, self.cluster, self.scheduler = model, encoder, cluster, scheduler
-        self.index, self.flow, self.metrics, self.plugins = index, flow, metrics, plugins
-        self.history = history
+        self.lookup, self.flow, self.metrics, self.plugins = lookup, flow, metrics, plugins
         self.admission, self.default_max_tokens = admission, default_max_tokens
 
     async def serve(self, body: CompletionRequest | ChatCompletionRequest, request: Request) -> Response:
@@ -169,30 +165,25 @@ class CompletionService:
         return shape, [len(ids) for ids in prompt_ids], subs, context
 
     async def _open_streams(self, subs: list[SubRequest]) -> list[AsyncIterator[list[dict]]]:
-        """Schedule each choice (one prefix-index lookup per prompt) and open its node stream (the nodes
-        are called when it is first read)."""
+        """Schedule each choice (one prefix lookup per prompt) and open its node stream (the nodes are called
+        when it is first read)."""
         nodes = self.cluster.views()
-        block_size = next((node.block_size for node in nodes if node.block_size), DEFAULT_BLOCK_SIZE)
         policy = self.scheduler.policy.name
-        lookups: dict[int, SchedulingRequest] = {}
-        prompt_hashes: dict[int, list[int]] = {}
+        requests: dict[int, SchedulingRequest] = {}
         streams = []
         for sub in subs:
-            if sub.prompt_index not in lookups:
-                hashes = hash_prompt_blocks(sub.prompt_ids, block_size, model_salt=self.model)
-                cached = await asyncio.to_thread(self.index.cached_prefix_blocks, hashes) if self.index and hashes else {}
-                cached = combined(cached, self.history.cached_prefix_blocks(hashes))
-                lookups[sub.prompt_index] = SchedulingRequest(self.model, len(sub.prompt_ids), len(hashes), cached)
-                prompt_hashes[sub.prompt_index] = hashes
+            if sub.prompt_index not in requests:
+                requests[sub.prompt_index] = await self.lookup.request_for(sub.prompt_ids, nodes)
+            request = requests[sub.prompt_index]
             try:
-                decision = self.scheduler.schedule(lookups[sub.prompt_index], nodes)
+                decision = self.scheduler.schedule(request, nodes)
             except NoNodeAvailable as exc:
                 raise overloaded(503, str(exc)) from None
-            self.history.record(prompt_hashes[sub.prompt_index], (decision.prefill or decision.decode).name)
+            self.lookup.routed(request, (decision.prefill or decision.decode).name)
             self.metrics.routed(policy, "decode", decision.decode.name)
             if decision.prefill is not None:
                 self.metrics.routed(policy, "prefill", decision.prefill.name)
-            self.metrics.prefix(len(sub.prompt_ids), min(decision.cached_blocks * block_size, len(sub.prompt_ids)))
+            self.metrics.prefix(len(sub.prompt_ids), min(decision.cached_blocks * request.block_size, len(sub.prompt_ids)))
             streams.append(self.flow.stream(f"{uuid.uuid4().hex}-{sub.choice}", sub.prompt_ids, sub.spec, decision))
         return streams
 

@@ -1,7 +1,7 @@
 """One streaming OpenAI request and its timings: first token, each later token, the end.
 
 Streams are read through aiohttp, as vLLM's serving benchmark reads them and as the router reads its node
-streams (router/node_streams.py). On the core it shares with the router under test, the load generator's
+streams (router/dispatch/node_streams.py). On the core it shares with the router under test, the load generator's
 own cost per token is what a benchmark measures as the router's: httpx took 84-120 us of CPU per streamed
 chunk at 64 streams (a pure-Python HTTP reader, an anyio cancel scope and a poller registration per read, a
 scan of its pool per request), aiohttp 31-34 us (C HTTP parser), on the same stream of chunks.

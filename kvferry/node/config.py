@@ -130,7 +130,7 @@ def node_config_from(args: argparse.Namespace, role: str) -> NodeConfig:
     # Imported here: the router's auth module loads FastAPI, and the contract pydantic, which building the
     # parser must not.
     from kvferry.cluster_config import load_cluster_config
-    from kvferry.router.auth import cluster_token_from
+    from kvferry.router.admission.auth import cluster_token_from
 
     settings = _from_cluster_config(load_cluster_config(args.config)) if args.config else {}
     flags = {f.name for f in dataclasses.fields(NodeConfig)} - {"role", "cluster_token"}

@@ -9,7 +9,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from kvferry.node.runtime import NodeRuntime
-from kvferry.router.auth import PROBE_PATHS, APIKeyMiddleware
+from kvferry.router.admission.auth import PROBE_PATHS, APIKeyMiddleware
 
 log = logging.getLogger(__name__)
 # Monitoring stays open: Prometheus scrapes /metrics, and /stats is its JSON twin (counters, no control).

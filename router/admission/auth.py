@@ -12,7 +12,7 @@ from pathlib import Path
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from kvferry.router.errors import APIError
+from kvferry.router.api.errors import APIError
 
 # KVFERRY_API_KEYS holds a comma-separated list; the operator sets KVFERRY_API_KEY from the auth secret.
 KEYS_ENV = ("KVFERRY_API_KEYS", "KVFERRY_API_KEY")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from kvferry.router.plugins import PluginContext, PluginRejected, RequestPlugin
+from kvferry.router.admission.plugins import PluginContext, PluginRejected, RequestPlugin
 
 
 class SystemPromptInjector(RequestPlugin):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvferry.router.errors import overloaded
+from kvferry.router.api.errors import overloaded
 
 
 class Admission:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Literal
 
+from kvferry.router.api.errors import APIError
 from kvferry.router.config import PluginSection
-from kvferry.router.errors import APIError
 
 log = logging.getLogger(__name__)
 ENTRY_POINT_GROUP = "kvferry.plugins"

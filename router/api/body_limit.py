@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from kvferry.router.errors import APIError
+from kvferry.router.api.errors import APIError
 
 
 class BodyLimitMiddleware:

@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kvferry.router.openai_schema import ErrorResponse
+from kvferry.router.api.openai_schema import ErrorResponse
 
 ERROR_TYPES = {
     400: "invalid_request_error",

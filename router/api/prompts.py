@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvferry.engine.tokenizer import ModelTokenizer, NoChatTemplateError
-from kvferry.router.errors import APIError
+from kvferry.router.api.errors import APIError
 
 # The engine's own default cap (engine/llm_engine.py) when a node is not given --max-model-len.
 ENGINE_MAX_MODEL_LEN = 8192

@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 
-from kvferry.router.discovery import Discovery
-from kvferry.router.health import HealthTracker
-from kvferry.router.nodes import Endpoint, NodeView
-from kvferry.router.registry_view import RegistryView
+from kvferry.router.discovery.health import HealthTracker
+from kvferry.router.discovery.nodes import Endpoint, NodeView
+from kvferry.router.discovery.registry_view import RegistryView
+from kvferry.router.discovery.sources import Discovery
 
 log = logging.getLogger(__name__)
 REGISTRY_REFRESH_SECONDS = 1.0

@@ -20,7 +20,7 @@ from typing import Any
 from kvferry.node.config import node_url
 from kvferry.operator.naming import ROLE_LABEL
 from kvferry.router.config import DiscoverySection
-from kvferry.router.nodes import Endpoint, Role
+from kvferry.router.discovery.nodes import Endpoint, Role
 
 log = logging.getLogger(__name__)
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from kvferry.router.nodes import Endpoint
-from kvferry.router.registry_view import RegistryView, normalize_url
+from kvferry.router.discovery.nodes import Endpoint
+from kvferry.router.discovery.registry_view import RegistryView, normalize_url
 
 
 class Discovery(Protocol):

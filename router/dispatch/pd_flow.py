@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,11 +24,12 @@ import httpx
 import orjson
 
 from kvferry.internal_api import API_PREFIX, SamplingSpec
-from kvferry.router.cluster import ClusterState
-from kvferry.router.errors import APIError, overloaded
+from kvferry.router.api.errors import APIError, overloaded
+from kvferry.router.discovery.cluster import ClusterState
+from kvferry.router.dispatch.node_streams import NodeStreams, StreamErrors, ndjson_batches
 from kvferry.router.metrics import RouterMetrics
-from kvferry.router.node_streams import NodeStreams, StreamErrors, ndjson_batches
 from kvferry.router.scheduling import Decision
+from kvferry.router.scheduling.pd_decision import PDDecision, PDSample
 
 log = logging.getLogger(__name__)
 CONTROL_TIMEOUT = httpx.Timeout(10.0, connect=5.0)
@@ -51,10 +53,10 @@ def _passed_through(status: int, content: bytes, node: str) -> APIError:
 
 class PDFlow:
     def __init__(self, client: httpx.AsyncClient, streams: NodeStreams, cluster: ClusterState, metrics: RouterMetrics,
-                 prefill_timeout_seconds: float) -> None:
+                 prefill_timeout_seconds: float, pd: PDDecision) -> None:
         """`client` makes the control calls (prefill, abort), `streams` reads the token streams; both send the
-        cluster token."""
-        self.client, self.streams, self.cluster, self.metrics = client, streams, cluster, metrics
+        cluster token. `pd` learns from the P/D requests' measured costs."""
+        self.client, self.streams, self.cluster, self.metrics, self.pd = client, streams, cluster, metrics, pd
         self.prefill_timeout = httpx.Timeout(prefill_timeout_seconds, connect=5.0)
         self._aborts: set[asyncio.Task] = set()
 
@@ -64,12 +66,18 @@ class PDFlow:
         arrived together."""
         decode, prefill = decision.decode, decision.prefill
         body = {"request_id": request_id, "prompt_token_ids": prompt_ids, "sampling": spec.model_dump()}
-        if prefill is None and not decision.colocated:
+        if decision.kept_on_decode:
+            self.metrics.pd_decisions.labels(path="kept_on_decode").inc()
+        elif prefill is None and not decision.colocated:
             self.metrics.fallback("no_prefill_node")
+        elif prefill is not None:
+            self.metrics.pd_decisions.labels(path="disaggregated").inc()
         route = "generate" if prefill is None else "decode"
         with self.cluster.track(decode.url):
             finished = False
             try:
+                opened = time.perf_counter()
+                self.metrics.node_calls.labels(route=route).inc()
                 async with self.streams.post(f"{decode.url}{API_PREFIX}/{route}", body) as response:
                     if response.status == 503 and prefill is not None:
                         raise overloaded(503, f"decode node {decode.name} has no room: {_detail(await response.read())}")
@@ -79,7 +87,7 @@ class PDFlow:
                             if first is None:
                                 raise APIError(502, f"decode node {decode.name} closed its stream before reserving")
                             reserved, *chunks = first
-                            await self._prefill_remotely(body, reserved["handle"], decision)
+                            await self._prefill_remotely(body, reserved["handle"], decision, opened)
                             if chunks:  # D held the whole prompt: its tokens came with the handle
                                 finished = chunks[-1].get("finish_reason") is not None
                                 yield chunks
@@ -105,8 +113,10 @@ class PDFlow:
                     raise APIError(500, f"decode node {url} failed mid-stream: {batch[-1].get('error')}")
                 yield batch
 
-    async def _prefill_remotely(self, body: dict[str, Any], handle: dict[str, Any], decision: Decision) -> None:
-        """Prefill on P into D's reservation. When P fails, D is told at once and prefills locally."""
+    async def _prefill_remotely(self, body: dict[str, Any], handle: dict[str, Any], decision: Decision,
+                                opened: float) -> None:
+        """Prefill on P into D's reservation. When P fails, D is told at once and prefills locally. `opened`:
+        when D's stream was requested (what the P/D path costs is timed from there)."""
         decode, prefill = decision.decode, decision.prefill
         assert prefill is not None
         request_id = body["request_id"]
@@ -114,6 +124,7 @@ class PDFlow:
         answered = False
         try:
             with self.cluster.track(prefill.url):
+                self.metrics.node_calls.labels(route="prefill").inc()
                 response = await self.client.post(f"{prefill.url}{API_PREFIX}/prefill", json={**body, "handle": handle},
                                                   timeout=self.prefill_timeout)
             answered = True
@@ -132,21 +143,28 @@ class PDFlow:
             log.warning("prefill of %s on %s failed (%s%s): %s prefills locally", request_id, prefill.name, reason,
                         detail, decode.name)
             self.metrics.fallback(reason)
-            await self._post(f"{decode.url}{API_PREFIX}/prefill_failed/{request_id}")
+            await self._post(f"{decode.url}{API_PREFIX}/prefill_failed/{request_id}", "prefill_failed")
             return
         if response.status_code != 200:
             raise _passed_through(response.status_code, response.content, f"prefill node {prefill.name}")
+        self._measured(response.json(), time.perf_counter() - opened)
+
+    def _measured(self, prefilled: dict[str, Any], seconds: float) -> None:
+        """One P/D request's costs for the P/D decision: P's compute, and what the path added beyond it."""
+        compute, queue = prefilled["prefill_ms"] / 1e3, prefilled["queue_ms"] / 1e3
+        self.pd.observe(PDSample(prefilled["computed_tokens"], compute, max(0.0, seconds - compute - queue)))
 
     async def aclose(self) -> None:
         await self.streams.aclose()
 
     def _abort_later(self, url: str, request_id: str) -> None:
         """Abort in a task of its own: it must run even when the caller is being cancelled."""
-        task = asyncio.get_running_loop().create_task(self._post(f"{url}{API_PREFIX}/abort/{request_id}"))
+        task = asyncio.get_running_loop().create_task(self._post(f"{url}{API_PREFIX}/abort/{request_id}", "abort"))
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
 
-    async def _post(self, url: str) -> None:
+    async def _post(self, url: str, route: str) -> None:
+        self.metrics.node_calls.labels(route=route).inc()
         try:  # a node without the route (404) or already rid of the request is fine
             await self.client.post(url, timeout=ABORT_TIMEOUT_SECONDS)
         except httpx.HTTPError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvferry.router.nodes import NodeView
+from kvferry.router.discovery.nodes import NodeView
 from kvferry.router.scheduling.request import SchedulingRequest
 
 Filter = Callable[[SchedulingRequest, list[NodeView]], list[NodeView]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from kvferry.router.nodes import NodeView
+from kvferry.router.discovery.nodes import NodeView
 
 TIE_TOLERANCE = 1e-9
 

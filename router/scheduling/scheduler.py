@@ -1,5 +1,6 @@
-"""One scheduling decision: filters, then weighted scorers, then the picker; decode node first (its
-reservation comes first in the P/D flow, and the prefill choice may depend on where it is)."""
+"""One scheduling decision: the P/D decision (disaggregate this prompt, or prefill it on the decode node),
+then filters, weighted scorers and the picker; decode node first (its stream opens first in the P/D flow,
+and the prefill choice may depend on where it is). The prefix lookup before it is prefix_lookup.py."""
 
 from __future__ import annotations
 
@@ -7,8 +8,9 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvferry.router.nodes import NodeView, Role
+from kvferry.router.discovery.nodes import NodeView, Role
 from kvferry.router.scheduling.filters import FILTERS, Filter, healthy
+from kvferry.router.scheduling.pd_decision import PDDecision
 from kvferry.router.scheduling.picker import MaxScorePicker
 from kvferry.router.scheduling.policies import Policy, ScorerWeights
 from kvferry.router.scheduling.request import SchedulingRequest
@@ -28,25 +30,31 @@ class NoNodeAvailable(RuntimeError):
 @dataclass(frozen=True)
 class Decision:
     decode: NodeView
-    prefill: NodeView | None  # None: the decode node prefills (colocated, or no prefill node is up)
+    prefill: NodeView | None  # None: the decode node prefills (colocated, no prefill node up, or chosen)
     cached_blocks: int  # leading prompt blocks the prefilling node holds, per the index
     colocated: bool = False  # the cluster has no prefill nodes at all
+    kept_on_decode: bool = False  # the P/D decision chose to prefill on the decode node
 
 
 class Scheduler:
-    def __init__(self, policy: Policy, filters: Sequence[str] = DEFAULT_FILTERS) -> None:
+    def __init__(self, policy: Policy, filters: Sequence[str] = DEFAULT_FILTERS, pd: PDDecision | None = None) -> None:
         self.policy = policy
         self.filters: list[Filter] = [FILTERS[name] for name in filters]
         self.picker = MaxScorePicker()
+        self.pd = pd or PDDecision()
 
     def schedule(self, request: SchedulingRequest, nodes: Sequence[NodeView]) -> Decision:
         prefill_nodes = self._candidates(request, nodes, "prefill")
         colocated = not any(node.role == "prefill" for node in nodes)
+        kept = bool(prefill_nodes) and not self.pd.disaggregate(request.uncached_tokens(prefill_nodes))
+        if kept:
+            prefill_nodes = []
         # Without a prefill node to take the prompt, the decode node prefills: choose it as a prefill node.
         decode_weights = self.policy.decode if prefill_nodes else self.policy.prefill
         decode = self._pick(request, self._candidates(request, nodes, "decode"), decode_weights, "decode")
         if not prefill_nodes:
-            return Decision(decode, None, request.cached_blocks.get(decode.name, 0), colocated=colocated)
+            return Decision(decode, None, request.cached_blocks.get(decode.name, 0), colocated=colocated,
+                            kept_on_decode=kept)
         prefill = self._pick(dataclasses.replace(request, decode=decode), prefill_nodes, self.policy.prefill, "prefill")
         return Decision(decode, prefill, request.cached_blocks.get(prefill.name, 0))
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvferry.router.nodes import NodeView
+from kvferry.router.discovery.nodes import NodeView
 from kvferry.router.scheduling.request import SchedulingRequest
 
 Scorer = Callable[[SchedulingRequest, list[NodeView]], list[float]]

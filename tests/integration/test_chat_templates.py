@@ -10,8 +10,8 @@ from jinja2.exceptions import SecurityError, TemplateError
 
 from kvferry.engine.make_model import BOS, IM_END, train_tokenizer
 from kvferry.engine.tokenizer import ModelTokenizer, NoChatTemplateError
-from kvferry.router.errors import APIError
-from kvferry.router.prompts import ModelLimits, PromptEncoder
+from kvferry.router.api.errors import APIError
+from kvferry.router.api.prompts import ModelLimits, PromptEncoder
 
 MESSAGES = [
     {"role": "system", "content": "Be brief."},

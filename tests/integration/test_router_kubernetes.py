@@ -18,7 +18,7 @@ from kubernetes.client import V1PodList
 from support.redis_server import free_port
 
 from kvferry.router.config import DiscoverySection
-from kvferry.router.kubernetes_discovery import KubernetesDiscovery
+from kvferry.router.discovery.kubernetes import KubernetesDiscovery
 
 PORT = 8000
 SELECTORS = {role: {"kvferry.dev/cluster": "c1", "kvferry.dev/role": role} for role in ("prefill", "decode")}
@@ -137,7 +137,7 @@ def wait_until(condition, what: str, timeout: float = 60) -> None:
 
 
 def test_watches_take_bookmarks_and_resume_without_listing_again(kube, kube_namespace, caplog):
-    caplog.set_level(logging.DEBUG, logger="kvferry.router.kubernetes_discovery")
+    caplog.set_level(logging.DEBUG, logger="kvferry.router.discovery.kubernetes")
     discovery, api = recording_discovery(kube, kube_namespace)
     discovery.start()
     try:

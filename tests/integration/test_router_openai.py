@@ -34,6 +34,7 @@ pytestmark = pytest.mark.slow
 STARTUP_SECONDS = 180
 API_KEY = "sk-router-test"
 STALL_TIMEOUT_SECONDS = 3.0
+AUTO_MIN_TOKENS = 40  # the auto_pd router's threshold of uncached prompt tokens
 MAX_EXAMPLES = 30  # per operation: the whole schema run stays well under two minutes
 
 
@@ -107,6 +108,8 @@ def cluster(tiny_models, redis_url, tmp_path_factory, stalling_prefill) -> Itera
     ]}))
     short_prefill = folder / "short-prefill.yaml"
     short_prefill.write_text(json.dumps({"prefill_timeout_seconds": STALL_TIMEOUT_SECONDS, "max_inflight": 1}))
+    auto_pd = folder / "auto-pd.yaml"  # the P/D decision before it has measured anything: a token threshold
+    auto_pd.write_text(json.dumps({"disaggregation": "auto", "disaggregation_min_tokens": AUTO_MIN_TOKENS}))
     dead_port = free_port()
     nodes = ["--decode", urls["decode-0"]]
     routers = {
@@ -116,6 +119,7 @@ def cluster(tiny_models, redis_url, tmp_path_factory, stalling_prefill) -> Itera
         "guarded": [*nodes, "--api-key", API_KEY, "--router-config", str(plugins)],
         "schema": [*nodes, "--max-model-len", "48", "--redis-url", redis_url],
         "stalled": ["--prefill", stalling_prefill.url, *nodes, "--router-config", str(short_prefill)],
+        "auto_pd": ["--prefill", urls["prefill-0"], *nodes, "--router-config", str(auto_pd)],
     }
     for name, args in routers.items():
         urls[name] = f"http://127.0.0.1:{free_port()}"
@@ -203,6 +207,44 @@ def test_bad_requests_raise_the_clients_error_classes(cluster):
     too_big = httpx.post(f"{cluster['router']}/v1/completions", content=b"x" * (2 << 20),
                          headers={"content-type": "application/json"})
     assert too_big.status_code == 413 and too_big.json()["error"]["type"] == "invalid_request_error"
+
+
+def _counters(url: str, family: str) -> dict[str, float]:
+    """A router counter's samples by their one label's value."""
+    found = {}
+    for line in httpx.get(f"{url}/metrics").text.splitlines():
+        if line.startswith(f"kvferry:{family}_total{{"):
+            labels, value = line.rsplit(" ", 1)
+            found[labels.split('"')[1]] = float(value)
+    return found
+
+
+def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
+    return {key: after[key] - before.get(key, 0.0) for key in after if after[key] != before.get(key, 0.0)}
+
+
+def test_a_disaggregated_request_is_two_calls_one_to_each_node(cluster):
+    """The P/D path: D's stream (its first line the reservation), then P's prefill into it; nothing else
+    (no second visit to D, no abort) for a request that completes."""
+    router = cluster["router"]
+    before = _counters(router, "router_node_calls")
+    body = {"model": "llama", "prompt": list(range(200, 260)), "max_tokens": 4, "temperature": 0, "ignore_eos": True}
+    assert httpx.post(f"{router}/v1/completions", json=body, timeout=60).status_code == 200
+    assert _delta(_counters(router, "router_node_calls"), before) == {"decode": 1.0, "prefill": 1.0}
+
+
+def test_the_pd_decision_keeps_short_prompts_on_the_decode_node(cluster):
+    router, direct = cluster["auto_pd"], cluster["router"]
+    calls, paths = _counters(router, "router_node_calls"), _counters(router, "pd_decisions")
+    short, long = list(range(300, 300 + AUTO_MIN_TOKENS // 2)), list(range(400, 400 + 2 * AUTO_MIN_TOKENS))
+    for prompt in (short, long):
+        body = {"model": "llama", "prompt": prompt, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+        kept = httpx.post(f"{router}/v1/completions", json=body, timeout=60).json()["choices"][0]["token_ids"]
+        always = httpx.post(f"{direct}/v1/completions", json=body, timeout=60).json()["choices"][0]["token_ids"]
+        assert kept == always  # either path, the same greedy tokens
+    assert _delta(_counters(router, "pd_decisions"), paths) == {"kept_on_decode": 1.0, "disaggregated": 1.0}
+    assert _delta(_counters(router, "router_node_calls"), calls) == {"generate": 1.0, "decode": 1.0, "prefill": 1.0}
+    assert _stats(router)["disaggregation"] == {"mode": "auto", "threshold_tokens": AUTO_MIN_TOKENS, "samples": 1}
 
 
 def _stats(url: str) -> dict:

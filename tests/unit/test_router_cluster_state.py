@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import time
 
-from kvferry.router.cluster import node_view
-from kvferry.router.discovery import RegistryDiscovery, StaticDiscovery
-from kvferry.router.health import HealthTracker
-from kvferry.router.nodes import Endpoint
-from kvferry.router.registry_view import RegistryView
+from kvferry.router.discovery.cluster import node_view
+from kvferry.router.discovery.health import HealthTracker
+from kvferry.router.discovery.nodes import Endpoint
+from kvferry.router.discovery.registry_view import RegistryView
+from kvferry.router.discovery.sources import RegistryDiscovery, StaticDiscovery
 from kvferry.transfer.registry import InMemoryRegistry
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from kvferry.router.admission.example_plugins import RegexPromptGuard, SystemPromptInjector
+from kvferry.router.admission.plugins import PluginContext, PluginRejected, RequestPlugin, load_plugins
+from kvferry.router.api.errors import APIError
 from kvferry.router.config import PluginSection
-from kvferry.router.errors import APIError
-from kvferry.router.example_plugins import RegexPromptGuard, SystemPromptInjector
-from kvferry.router.plugins import PluginContext, PluginRejected, RequestPlugin, load_plugins
 
 
 def chat(*messages: tuple[str, str]) -> PluginContext:
@@ -70,7 +70,7 @@ def test_the_chain_turns_rejections_into_4xx_and_failures_into_500_of_that_reque
 
 
 def test_plugins_load_by_module_attribute_and_unknown_names_fail_at_start():
-    chain = load_plugins([PluginSection(name="kvferry.router.example_plugins:SystemPromptInjector", options={"prompt": "p"})])
+    chain = load_plugins([PluginSection(name="kvferry.router.admission.example_plugins:SystemPromptInjector", options={"prompt": "p"})])
     assert isinstance(chain.plugins[0], SystemPromptInjector)
     with pytest.raises(ValueError, match="no plugin 'nope'"):
         load_plugins([PluginSection(name="nope")])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvferry.router.nodes import NodeView
+from kvferry.router.discovery.nodes import NodeView
 from kvferry.router.scheduling import POLICIES, Policy, Scheduler, SchedulingRequest
 from kvferry.router.scheduling.scorers import kv_pressure, prefix_hit, queue_depth, transfer_cost
 

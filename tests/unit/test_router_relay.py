@@ -10,10 +10,10 @@ import pytest
 from aiohttp.base_protocol import BaseProtocol
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from kvferry.router.api.responses import ResponseShape, sse
+from kvferry.router.api.sse_response import SSEResponse
+from kvferry.router.dispatch.node_streams import ndjson_batches
 from kvferry.router.metrics import TOKEN_GAP_BUCKETS, BulkHistogram
-from kvferry.router.node_streams import ndjson_batches
-from kvferry.router.responses import ResponseShape, sse
-from kvferry.router.sse_response import SSEResponse
 
 TEXTS = ["", " the", 'a "quoted" \\ back\nslash', "é 🚀 \x00 \u2028"]
 

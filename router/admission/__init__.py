@@ -1,0 +1,1 @@
+"""The router's admission stage: API keys, the in-flight limit, and request plugins."""
