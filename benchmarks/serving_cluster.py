@@ -1,5 +1,5 @@
 """A local serving cluster for the serving benchmarks: node processes pinned to one core each with one torch
-thread, and one or more routers over them, started and stopped by kvferry.local_cluster.LocalCluster."""
+thread, and one or more routers over them, started and stopped by kvferry.cli.local_cluster.LocalCluster."""
 
 from __future__ import annotations
 
@@ -13,11 +13,11 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.harness.processes import http_ok, wait_until
+from kvferry.cli.local_cluster import LocalCluster
+from kvferry.cli.redis_server import free_port
 from kvferry.loadgen.client import Endpoint
 from kvferry.loadgen.datasets import BenchRequest
 from kvferry.loadgen.runner import LoadShape, RunResult, run_load
-from kvferry.local_cluster import LocalCluster
-from kvferry.redis_server import free_port
 
 PYTHON = [sys.executable, "-m", "kvferry"]
 # A node pinned to one core of a busy shared machine can take longer than the 2 s default transfer timeout

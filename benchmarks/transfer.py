@@ -52,7 +52,7 @@ from benchmarks.harness.schema import BenchmarkResult
 from benchmarks.harness.table import print_table
 from benchmarks.harness.warmup import timed_runs
 from benchmarks.transfer_peers.workload import Batch, digest, expected_image, source_bytes
-from kvferry.redis_server import RedisServer
+from kvferry.cli.redis_server import RedisServer
 
 HERE = Path(__file__).resolve().parent
 

@@ -2,7 +2,7 @@
 can stop and restart it) or a registry folder, prefill and decode nodes with short leases and timeouts,
 and the router.
 
-Built on kvferry.local_cluster.LocalCluster (what `kvferry up` runs), with each process addressable
+Built on kvferry.cli.local_cluster.LocalCluster (what `kvferry up` runs), with each process addressable
 by name so that a test can kill one.
 """
 
@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from kvferry.local_cluster import LocalCluster
-from kvferry.redis_server import RedisServer, free_port
+from kvferry.cli.local_cluster import LocalCluster
+from kvferry.cli.redis_server import RedisServer, free_port
 
 MODEL_NAME = "llama"  # the served name of the tiny checkpoint (its folder's name)
 LEASE_SECONDS = 2.0

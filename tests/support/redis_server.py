@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvferry.redis_server import RedisServer, free_port
+from kvferry.cli.redis_server import RedisServer, free_port
 
 __all__ = ["free_port", "redis_url"]
 

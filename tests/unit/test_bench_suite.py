@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support.benchmarks_package import import_benchmark
 
-from kvferry import bench_commands
+from kvferry.cli import bench as bench_commands
 from kvferry.cli import main as kvferry_main
 
 REPO = Path(__file__).resolve().parents[2]

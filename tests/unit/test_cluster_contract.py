@@ -15,13 +15,13 @@ import pytest
 import yaml
 
 from kvferry.cli import build_parser, main
+from kvferry.cli.serve import router_config_from
 from kvferry.node.config import NodeConfig, node_config_from, node_url
 from kvferry.node.runtime import engine_args_from
 from kvferry.operator.children import build_children
 from kvferry.operator.naming import ClusterRef
 from kvferry.operator.validation import parse_spec
 from kvferry.router.config import RouterConfig
-from kvferry.serve_commands import router_config_from
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = yaml.safe_load((REPO / "examples" / "inferencecluster.yaml").read_text())

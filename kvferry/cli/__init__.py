@@ -1,4 +1,5 @@
-"""The `kvferry` command line: one subcommand per module, each registering its own parser."""
+"""The `kvferry` command line: one subcommand per module, each registering its own parser. This package holds
+the commands that are not a component's own (the nodes and router, `kvferry up`'s local cluster, loadgen and bench)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "kvferry.engine.commands",
     "kvferry.operator.command",
-    "kvferry.serve_commands",
-    "kvferry.bench_commands",
+    "kvferry.cli.serve",
+    "kvferry.cli.bench",
 )
 
 

@@ -140,6 +140,6 @@ def _serve_router(args: argparse.Namespace) -> int:
 
 
 def _up(args: argparse.Namespace) -> int:
-    from kvferry.local_cluster import run_local_cluster
+    from kvferry.cli.local_cluster import run_local_cluster
 
     return run_local_cluster(args.model, args.prefill, args.decode, args.redis_url, args.port)

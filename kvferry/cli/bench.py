@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-CHECKOUT = Path(__file__).resolve().parents[1]
+CHECKOUT = Path(__file__).resolve().parents[2]
 BENCHMARKS = CHECKOUT / "benchmarks"
 HARNESS_MARK = BENCHMARKS / "harness" / "schema.py"  # not just any `benchmarks` folder beside site-packages'
 
