@@ -67,7 +67,7 @@ class DisaggregatedCluster:
         redis_down_at_start: bool = False,
         cluster_token: str | None = None,
     ) -> None:
-        """`launchers` replaces `-m kvferry` for the named nodes (a fault-injecting wrapper); `role_flags`
+        """`launchers` replaces `-m kvferry` for the named processes (a fault-injecting wrapper); `role_flags`
         adds flags to every node of a role; without Redis the nodes share a registry folder and the
         router routes without the prefix index; `redis_down_at_start` starts everything while the Redis
         they are given is down (`restart_redis` brings it up on its port); `cluster_token` goes to every
@@ -78,7 +78,7 @@ class DisaggregatedCluster:
             self.redis.stop()
         self.registry = self.redis.url if self.redis else f"file://{self.local.workdir / 'registry'}"
         self.urls: dict[str, str] = {}
-        launchers = launchers or {}
+        self.launchers = launchers = launchers or {}
         python = [sys.executable, "-m", "kvferry"]
         for role, count in (("prefill", num_prefill), ("decode", num_decode)):
             for index in range(count):
@@ -102,7 +102,7 @@ class DisaggregatedCluster:
         """Start a router over the named nodes; returns its URL."""
         port = free_port()
         args = [
-            sys.executable, "-m", "kvferry", "router", "--model", str(self.model_dir), "--port", str(port),
+            sys.executable, *self.launchers.get(name, ["-m", "kvferry"]), "router", "--model", str(self.model_dir), "--port", str(port),
             "--redis-url" if self.redis else "--registry", self.registry, *flags,
         ]
         for node in nodes:
@@ -129,6 +129,9 @@ class DisaggregatedCluster:
             if line.startswith(metric) and not line.startswith("#"):
                 total += float(line.rsplit(" ", 1)[1])
         return total
+
+    def send_signal(self, name: str, signum: int) -> None:
+        os.kill(dict(self.local.processes)[name].pid, signum)
 
     def kill(self, name: str) -> None:
         process = dict(self.local.processes)[name]
