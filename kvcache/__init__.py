@@ -1,4 +1,5 @@
-"""Paged KV cache: pool layout, block allocator with prefix cache, chained block hashing, KV events.
+"""Paged KV cache: pool layout, block allocator with prefix cache, chained block hashing, KV events, and
+where the cache's nodes are found (the node registry).
 
 The names load on first use (PEP 562): the router imports the block hash and the prefix index from here,
 and must not import torch with them (the pool's module does).
@@ -20,6 +21,9 @@ _HOMES = {
     "KVEvent": "kvferry.kvcache.events",
     "KVPool": "kvferry.kvcache.kv_pool",
     "KVPoolLayout": "kvferry.kvcache.kv_pool",
+    "InMemoryRegistry": "kvferry.kvcache.node_registry",
+    "PeerRegistry": "kvferry.kvcache.node_registry",
+    "RedisRegistry": "kvferry.kvcache.node_registry",
 }
 
 __all__ = sorted(_HOMES)

@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 
+from kvferry.kvcache.node_registry import registry_from
 from kvferry.kvcache.prefix_index import PrefixIndex, prefix_index_from
 from kvferry.router.admission.auth import PROBE_PATHS, APIKeyMiddleware, bearer_headers, cluster_token_from
 from kvferry.router.admission.limit import Admission
@@ -41,7 +42,6 @@ from kvferry.router.scheduling.pd_decision import PDDecision
 from kvferry.router.scheduling.prefix_lookup import PrefixLookup
 from kvferry.router.scheduling.routing_history import RoutingHistory
 from kvferry.router.service import CompletionService
-from kvferry.transfer.registry import registry_from
 
 NODE_CLIENT_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=512)
 

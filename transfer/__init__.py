@@ -1,7 +1,7 @@
 """KV transfer between nodes: a Mooncake-shaped transfer engine over UCX, and the KV connector on top.
 
-The names load on first use (PEP 562): the router reads the node registry (kvferry.transfer.registry)
-and must not start UCX, numpy and the engine's C put loop with it.
+The names load on first use (PEP 562): importing one name (the transfer config, say) does not start UCX,
+numpy and the engine's C put loop with it.
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ _HOMES = {
     "TransferRejectedError": "kvferry.transfer.errors",
     "TransferRetriesExhaustedError": "kvferry.transfer.errors",
     "TransferTimeoutError": "kvferry.transfer.errors",
-    "InMemoryRegistry": "kvferry.transfer.registry",
-    "PeerRegistry": "kvferry.transfer.registry",
-    "RedisRegistry": "kvferry.transfer.registry",
 }
 
 __all__ = sorted(_HOMES)

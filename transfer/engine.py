@@ -24,6 +24,7 @@ import threading
 import time
 from concurrent.futures import Future
 
+from kvferry.kvcache.node_registry import PeerRegistry, registry_from
 from kvferry.transfer.batch import MAX_RANGES_PER_BATCH, batch_columns, merge_adjacent
 from kvferry.transfer.config import TransferConfig
 from kvferry.transfer.control import ControlChannel
@@ -40,7 +41,6 @@ from kvferry.transfer.protocol import ControlMessage
 from kvferry.transfer.puts import Puts
 from kvferry.transfer.reads import Reads
 from kvferry.transfer.record import RecordPublisher
-from kvferry.transfer.registry import PeerRegistry, registry_from
 from kvferry.transfer.ucx import UcxWorker
 from kvferry.transfer.writes import Writes
 

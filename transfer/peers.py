@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvferry.kvcache.node_registry import PeerRegistry
 from kvferry.transfer import ucp_direct
 from kvferry.transfer.errors import PeerUnreachableError
-from kvferry.transfer.registry import PeerRegistry
 from kvferry.transfer.ucx import UcxWorker
 
 

@@ -10,7 +10,7 @@ import logging
 import time
 from typing import Any
 
-from kvferry.transfer.registry import PeerRegistry
+from kvferry.kvcache.node_registry import PeerRegistry
 
 log = logging.getLogger(__name__)
 

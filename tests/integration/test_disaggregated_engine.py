@@ -9,8 +9,8 @@ import pytest
 
 from kvferry.engine import LLMEngine, SamplingParams
 from kvferry.engine.engine_args import EngineArgs
-from kvferry.kvcache import OutOfBlocksError
-from kvferry.transfer import InMemoryRegistry, TransferEngine
+from kvferry.kvcache import InMemoryRegistry, OutOfBlocksError
+from kvferry.transfer import TransferEngine
 from kvferry.transfer.kv_connector import KVReceiver, KVSender
 
 MODEL = "tiny"

@@ -19,7 +19,7 @@ ROUTER_MUST_NOT_LOAD = ("torch", "triton", "ucxx", "kvferry.engine", "kvferry.ke
 # What of those the router may load, and why: the lazy package __init__s of the registry's and the tokenizer's
 # packages; the node registry, which the router reads; the tokenizer and chat template, which the router needs
 # to count a prompt's tokens and find its cached blocks (it lives in engine/ until it moves beside the block hash).
-ROUTER_MAY_LOAD = {"kvferry.transfer", "kvferry.transfer.registry", "kvferry.engine", "kvferry.engine.tokenizer"}
+ROUTER_MAY_LOAD = {"kvferry.transfer", "kvferry.kvcache.node_registry", "kvferry.engine", "kvferry.engine.tokenizer"}
 # Loaded by the CLI, for every subcommand, to register `kvferry generate` and `make-model`'s choices.
 CLI_MAY_LOAD = {"kvferry.engine.commands", "kvferry.engine.model_shapes"}
 

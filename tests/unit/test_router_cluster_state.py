@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import time
 
+from kvferry.kvcache.node_registry import InMemoryRegistry
 from kvferry.router.discovery.cluster import node_view
 from kvferry.router.discovery.health import HealthTracker
 from kvferry.router.discovery.nodes import Endpoint
 from kvferry.router.discovery.registry_view import RegistryView
 from kvferry.router.discovery.sources import RegistryDiscovery, StaticDiscovery
-from kvferry.transfer.registry import InMemoryRegistry
 
 
 def record(url: str, role: str, **fields) -> dict:
