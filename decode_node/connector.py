@@ -58,7 +58,7 @@ class DecodeConnector:
     def __init__(self, runtime: NodeRuntime) -> None:
         self.engine: AsyncLLMEngine = runtime.engine
         self.metrics: NodeMetrics = runtime.metrics
-        self.block_size = runtime.pool.layout.block_size
+        self.block_size = runtime.pool.block_size
         self.receiver = KVReceiver(
             runtime.transfer, runtime.pool, runtime.model_name, runtime.config.lease_seconds,
             on_expired=self._lease_expired, on_received=self.metrics.received_bytes.inc,

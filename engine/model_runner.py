@@ -71,7 +71,7 @@ class ModelRunner:
         self.model = model
         self.pool = pool
         self.device = device
-        self.block_size = pool.layout.block_size
+        self.block_size = pool.block_size
         self.graphs = graphs
         self._graph_inputs: tuple[DecodeGraphs, list[tuple[torch.Tensor, BlockTableRows]]] | None = None
         self._graph_steps = 0  # picks which of the two host input buffers a replay fills

@@ -64,5 +64,10 @@ class KVPool:
         """Strided [num_blocks, block_size, num_kv_heads, head_dim] views of one layer's K and V."""
         return self.tensor[:, layer, 0], self.tensor[:, layer, 1]
 
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+        return self.layout.block_size
+
     def block_bytes(self) -> int:
         return self.layout.bytes_per_block()

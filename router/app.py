@@ -135,7 +135,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
 
     @app.get("/v1/models", responses=unauthorized)
     def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=model, created=started, max_model_len=encoder.limits.max_model_len)])
+        return ModelList(data=[ModelCard(id=model, created=started, max_model_len=encoder.max_model_len)])
 
     @app.get("/health")
     def health() -> dict[str, str]:

@@ -147,7 +147,7 @@ class CompletionService:
             requested, logprobs = body.max_tokens, body.logprobs
         self.plugins.on_tokens(context)
         prompt_ids = [self.encoder.check(ids) for ids in context.prompt_token_ids]
-        max_model_len = min([self.encoder.limits.max_model_len]
+        max_model_len = min([self.encoder.max_model_len]
                             + [n.max_model_len for n in self.cluster.views() if n.max_model_len])
         if len(prompt_ids) * body.n > MAX_CHOICES:
             raise APIError(400, f"{len(prompt_ids)} prompts x n={body.n} is more than {MAX_CHOICES} choices", param="n")
@@ -168,7 +168,7 @@ class CompletionService:
         """Schedule each choice (one prefix lookup per prompt) and open its node stream (the nodes are called
         when it is first read)."""
         nodes = self.cluster.views()
-        policy = self.scheduler.policy.name
+        policy = self.scheduler.policy_name
         requests: dict[int, SchedulingRequest] = {}
         streams = []
         for sub in subs:

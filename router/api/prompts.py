@@ -31,6 +31,10 @@ class PromptEncoder:
         self.tokenizer = ModelTokenizer(model_dir)
         self.limits = limits
 
+    @property
+    def max_model_len(self) -> int:
+        return self.limits.max_model_len
+
     def chat(self, messages: list[dict[str, str]]) -> list[int]:
         try:
             text = self.tokenizer.apply_chat_template(messages)

@@ -57,6 +57,10 @@ class ClusterState:
         self._probe_timeouts: dict[str, int] = {}  # probes in a row that ran out of time, by node
         self._tasks: list[asyncio.Task] = []
 
+    def record_failure(self, url: str) -> None:
+        """A call to the node at `url` failed (passive health: it may be ejected)."""
+        self.health.record_failure(url)
+
     def views(self) -> list[NodeView]:
         return [
             node_view(endpoint, entry, self.health.is_healthy(endpoint.url), self.inflight[endpoint.url],

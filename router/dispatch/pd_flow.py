@@ -97,7 +97,7 @@ class PDFlow:
                             finished = batch[-1].get("finish_reason") is not None
                             yield batch
             except StreamErrors as exc:
-                self.cluster.health.record_failure(decode.url)
+                self.cluster.record_failure(decode.url)
                 raise APIError(502, f"decode node {decode.name} failed: {exc!r}") from None
             finally:
                 if not finished:  # the client left, or the stream broke: free what D holds
@@ -132,7 +132,7 @@ class PDFlow:
             reason = "prefill_timeout"
         except httpx.HTTPError:
             reason = "prefill_unreachable"
-            self.cluster.health.record_failure(prefill.url)
+            self.cluster.record_failure(prefill.url)
         finally:
             if not answered:  # timed out, unreachable, or the client left while P worked
                 self._abort_later(prefill.url, request_id)

@@ -43,6 +43,10 @@ class Scheduler:
         self.picker = MaxScorePicker()
         self.pd = pd or PDDecision()
 
+    @property
+    def policy_name(self) -> str:
+        return self.policy.name
+
     def schedule(self, request: SchedulingRequest, nodes: Sequence[NodeView]) -> Decision:
         prefill_nodes = self._candidates(request, nodes, "prefill")
         colocated = not any(node.role == "prefill" for node in nodes)
