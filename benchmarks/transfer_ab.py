@@ -28,8 +28,16 @@ from benchmarks.harness.environment import environment
 from benchmarks.harness.processes import cpu_seconds
 from benchmarks.harness.results import new_result, write_result
 from benchmarks.harness.side_by_side import side_by_side
-from benchmarks.transfer import BLOCK_SIZES, MiB, Pair, Registry, batch_for
-from benchmarks.transfer_peers.workload import Batch, digest, expected_image, source_bytes
+from benchmarks.transfer_peers.pair import Pair, Registry
+from benchmarks.transfer_peers.workload import (
+    BLOCK_SIZES,
+    Batch,
+    MiB,
+    batch_for,
+    digest,
+    expected_image,
+    source_bytes,
+)
 
 HERE = Path(__file__).resolve().parent
 

@@ -4,7 +4,8 @@
   baseline, summary, notes);
 - results: making a result, and writing it to benchmarks/results/NAME.json (or another folder);
 - cli: each benchmark's argument parser, with --results-dir;
-- environment: the facts of the machine a result was measured on, and cached test checkpoints;
+- environment: the facts of the machine a result was measured on, cached test checkpoints, and a copy of
+  one with a longer context;
 - side_by_side: several variants measured in one run, in alternating order, and ratios to a baseline;
 - warmup: warm-up runs kept out of the timed ones;
 - processes: child processes started with a log, waited on, and stopped;

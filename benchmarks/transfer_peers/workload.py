@@ -13,6 +13,10 @@ import numpy as np
 import xxhash
 
 DATA_SEED = 20240611
+SLOT_SEED = 7  # the permutation of destination slots, per block size (the same for every system)
+KiB = 1 << 10
+MiB = 1 << 20
+BLOCK_SIZES = (16 * KiB, 64 * KiB, 256 * KiB, 1 * MiB)
 
 
 def source_bytes(nbytes: int, seed: int = DATA_SEED) -> np.ndarray:
@@ -72,6 +76,16 @@ class Batch:
         return cls(
             int(raw["block_bytes"]), int(raw["count"]), None if raw["seed"] is None else int(raw["seed"])
         )  # type: ignore[arg-type]
+
+
+def batch_for(block_bytes: int, batch_bytes: int, contiguous: bool = False) -> Batch:
+    """`batch_bytes` of `block_bytes` blocks, scattered over the destination's slots unless `contiguous`."""
+    return Batch(block_bytes, batch_bytes // block_bytes, None if contiguous else SLOT_SEED)
+
+
+def size_label(nbytes: int) -> str:
+    """A block or batch size as the tables print it: whole MiB from 1 MiB up, else whole KiB."""
+    return f"{nbytes // MiB} MiB" if nbytes >= MiB else f"{nbytes // KiB} KiB"
 
 
 def expected_image(source: np.ndarray, batch: Batch) -> np.ndarray:
