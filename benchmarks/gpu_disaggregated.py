@@ -26,6 +26,9 @@ from benchmarks.harness.cli import benchmark_parser, output_dir
 from benchmarks.harness.results import new_result, params_of, write_result
 
 if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
+
     from kvferry.engine.engine_args import EngineArgs
 
 MODEL_NAME = "llama-8b-shape"
@@ -85,6 +88,16 @@ def decode_process(conn, model_dir: str, registry: str, args: EngineArgs) -> Non
             }
         )
     transfer.close()
+
+
+def start_decode_process(model_dir: str, registry: str, args: EngineArgs) -> tuple[Connection, BaseProcess]:
+    """decode_process in a child, and the pipe that drives it. Spawned, not forked: a fork would inherit
+    this process's CUDA context, which CUDA does not allow."""
+    context = multiprocessing.get_context("spawn")
+    conn, child_conn = context.Pipe()
+    child = context.Process(target=decode_process, args=(child_conn, model_dir, registry, args), daemon=True)
+    child.start()
+    return conn, child
 
 
 def _prefill(engine, request_id: str, prompt: list[int]):
@@ -190,12 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     transfer = TransferEngine()
     transfer.initialize("prefill-gpu", registry, "ucx", pool=pool_description(MODEL_NAME, prefill.pool))
     sender = KVSender(transfer, prefill.pool, MODEL_NAME)
-    context = multiprocessing.get_context("spawn")
-    conn, child_conn = context.Pipe()
-    child = context.Process(
-        target=decode_process, args=(child_conn, args.model, registry, engine_args(0.88)), daemon=True
-    )
-    child.start()
+    conn, child = start_decode_process(args.model, registry, engine_args(0.88))
     ready = conn.recv()
     sender.handshake(DECODE_PEER)
     pools = {"prefill_pool_blocks": prefill.pool.num_blocks, "decode_pool_blocks": ready["pool_blocks"]}
