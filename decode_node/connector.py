@@ -37,6 +37,7 @@ class _Reservation:
     handle: DestinationHandle
     outcome: asyncio.Future[KVOutcome]
     loop: asyncio.AbstractEventLoop
+    aborted: bool = False  # set by abort even when the KV's arrival settled the outcome first
 
     def settle(self, outcome: KVOutcome) -> None:
         """From any thread; the first outcome wins."""
@@ -108,7 +109,7 @@ class DecodeConnector:
             self._reservations.pop(request_id, None)
         if outcome is KVOutcome.ARRIVED and self.receiver.claim(pending.handle):
             return DecodeStream(await self.engine.activate(request_id), None)
-        if outcome is KVOutcome.ABORTED:
+        if outcome is KVOutcome.ABORTED or pending.aborted:
             return None
         self.receiver.release(pending.handle)
         await self.engine.call(lambda engine: engine.cancel_reservation(request_id))
@@ -131,6 +132,7 @@ class DecodeConnector:
         with self._lock:
             pending = self._reservations.pop(request_id, None)
         if pending is not None:
+            pending.aborted = True
             self.receiver.release(pending.handle)
             pending.settle(KVOutcome.ABORTED)
         if self.engine.run_locked(lambda engine: engine.cancel_reservation(request_id)):
