@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,12 +61,18 @@ def offer(endpoint: Endpoint, requests: list[BenchRequest], shape: LoadShape) ->
     return result
 
 
-def counter_total(urls: list[str], name: str) -> float:
-    """A Prometheus counter's value summed over every label set and every process at these URLs."""
+def counter_total(urls: list[str], name: str, labels: Mapping[str, str] | None = None) -> float:
+    """A Prometheus counter's value summed over every label set (those with `labels`, when given) and every
+    process at these URLs."""
+    wanted = (labels or {}).items()
     total = 0.0
     for url in urls:
         for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
-            total += sum(sample.value for sample in family.samples if sample.name == f"{name}_total")
+            total += sum(
+                sample.value
+                for sample in family.samples
+                if sample.name == f"{name}_total" and wanted <= sample.labels.items()
+            )
     return total
 
 
