@@ -12,12 +12,10 @@ prompts share their first KV block (16 random words) and no request hits a prefi
 nodes' prefix-hit counters are recorded per run to show it. At each rate the three modes get the same
 sequence of short and long prompts at the same arrival times (fresh texts each).
 
-One pair of nodes serves all three routers, run one at a time in ABBA order (always, never, auto at the
-first rate, reversed at the next, ...) with a pause between runs: the modes then share the nodes' warm
-state and the machine's drift, and an idle router only probes the nodes' health. Fresh clusters per mode
-would start six node processes per rate on two cores. auto starts with disaggregation_min_tokens (512, between
-the two lengths) and is warmed up with P/D requests of lengths between that and the long one until it has
-the 8 samples after which it uses its measured threshold (recorded from its /stats before and after each run).
+One pair of nodes serves all three routers, one at a time in ABBA order with a pause between runs: the
+modes share the nodes' warm state and the machine's drift (fresh clusters would start six node processes
+per rate on two cores). auto starts with disaggregation_min_tokens 512 and is warmed up with P/D requests
+until it uses its measured threshold (read from its /stats before and after each run).
 
 SLOs and rates come from measurement, as in disagg_vs_colocated: each mode first serves each prompt class
 one request at a time; a class's TTFT SLO is 5x its slowest unloaded TTFT, the TPOT SLO 1.5x the slowest
@@ -47,13 +45,12 @@ from typing import Any
 import httpx
 
 from benchmarks.harness.cli import benchmark_parser, output_dir
-from benchmarks.harness.environment import cached_model, environment
+from benchmarks.harness.environment import cached_model, environment, long_context_copy
 from benchmarks.harness.plot import save_plot
 from benchmarks.harness.results import new_result, params_of, write_result
 from benchmarks.harness.side_by_side import side_by_side, with_ratios
 from benchmarks.harness.table import print_table
 from benchmarks.serving_cluster import NodeSpec, RouterSpec, ServingCluster, counter_total, offer
-from benchmarks.transfer import long_context_copy
 from kvferry.engine.tokenizer import ModelTokenizer
 from kvferry.loadgen.client import Endpoint
 from kvferry.loadgen.datasets import BenchRequest, RandomSpec, TokenWords, random_requests
@@ -162,15 +159,8 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
 
 
-def row(
-    variant: str,
-    rate: float,
-    result: RunResult,
-    slos: dict[str, Slo],
-    lengths: dict[str, int],
-    counted: dict[str, float],
-    thresholds: tuple[int | None, int | None],
-) -> dict[str, object]:
+def row(variant: str, rate: float, result: RunResult, slos: dict[str, Slo], lengths: dict[str, int],
+        counted: dict[str, float], thresholds: tuple[int | None, int | None]) -> dict[str, object]:
     """One run's numbers; `counted`: the counters' growth over the run, `thresholds`: auto's before and after."""
     by_class = {c: [r for r in result.records if r.input_tokens == lengths[c]] for c in CLASSES}
     per_class = {c: summarize(records, result.duration_s, slos[c]) for c, records in by_class.items()}

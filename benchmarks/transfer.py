@@ -33,7 +33,6 @@ from pathlib import Path
 from benchmarks.harness.cli import benchmark_parser, output_dir
 
 # Re-exported: benchmarks/pd_decision.py imports it from here (it lives in the harness now).
-from benchmarks.harness.environment import long_context_copy as long_context_copy
 from benchmarks.harness.results import read_result
 from benchmarks.transfer_peers.bandwidth import ENGINES, bandwidth_part
 from benchmarks.transfer_peers.machine import environment_info, loadavg, wait_for_load

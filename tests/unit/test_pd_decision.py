@@ -7,10 +7,12 @@ import pytest
 from kvferry.router.scheduling.pd_decision import MIN_SAMPLES, PDDecision, PDSample
 
 
-def _measured(compute_per_token: float, fixed: float, transfer_per_token: float) -> PDDecision:
+def _measured(compute_per_token: float, fixed: float, transfer_per_token: float, per_token_squared: float = 0.0,
+              lengths: tuple[int, ...] = (64, 512, 1024, 4096)) -> PDDecision:
     decision = PDDecision("auto", min_tokens=100)
-    for tokens in (64, 512, 1024, 4096) * 3:
-        decision.observe(PDSample(tokens, compute_per_token * tokens, fixed + transfer_per_token * tokens))
+    for tokens in lengths * 3:
+        compute = compute_per_token * tokens + per_token_squared * tokens**2
+        decision.observe(PDSample(tokens, compute, fixed + transfer_per_token * tokens))
     return decision
 
 
@@ -32,6 +34,15 @@ def test_auto_disaggregates_where_the_compute_saved_overtakes_the_cost():
     decision = _measured(1e-3, 20e-3, 0.2e-3)
     assert decision.threshold() == 25
     assert not decision.disaggregate(24) and decision.disaggregate(25)
+
+
+def test_a_short_prompt_stays_on_decode_though_only_long_ones_were_measured():
+    # As measured on two CPU cores: 66 us a token at 512 tokens, 350 us at 4096 (attention grows with the
+    # square), against 9.4 ms of fixed P/D cost. A per-token average of these samples (about 300 us) would put
+    # the crossover near 31 tokens; the curve puts it near 220.
+    decision = _measured(25.4e-6, 9.4e-3, 0.5e-6, per_token_squared=0.0792e-6, lengths=(512, 1024, 2048, 4096))
+    assert 150 < decision.threshold() < 300
+    assert not decision.disaggregate(32) and decision.disaggregate(512)
 
 
 def test_auto_never_disaggregates_when_moving_a_token_costs_more_than_computing_it():
