@@ -22,6 +22,7 @@ from e2e.kube_cluster import (
     Cluster,
     OperatorProcess,
 )
+from support.disaggregated_cluster import LEAKS
 
 
 def _crd_established(kube: ControlPlane) -> bool:
@@ -83,3 +84,13 @@ def start_operator(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[..., O
         operator.log_file.close()
         # pytest shows this only for a failed test: the operator's side of the story.
         print(f"----- log of {operator.identity} -----\n{operator.log()}")
+
+
+@pytest.fixture(autouse=True)
+def nodes_idle_after_the_test() -> Iterator[None]:
+    """Every local cluster a test stopped had every surviving node idle (no running, waiting or reserved
+    request, no held KV, no block in use, no lease): a leak fails the test that made it, not a later one."""
+    LEAKS.clear()
+    yield
+    leaked, LEAKS[:] = list(LEAKS), []
+    assert not leaked, f"nodes still holding work when their cluster stopped: {leaked}"

@@ -25,6 +25,10 @@ from kvferry.cli.redis_server import RedisServer, free_port
 MODEL_NAME = "llama"  # the served name of the tiny checkpoint (its folder's name)
 LEASE_SECONDS = 2.0
 TRANSFER_TIMEOUT_SECONDS = 1.0
+# A lease, a transfer timeout and a little: by then an abort, an expired lease or held KV has settled.
+SETTLE_SECONDS = LEASE_SECONDS + TRANSFER_TIMEOUT_SECONDS + 2.0
+# What surviving nodes still held when their cluster stopped, one entry per leaking cluster.
+LEAKS: list[dict[str, dict]] = []
 # A router learns of a node's death from its probes (every 2 s); under load it may take a few rounds.
 ROUTER_NOTICE_SECONDS = 30.0
 
@@ -166,7 +170,27 @@ class DisaggregatedCluster:
                 raise AssertionError(f"not within {timeout}s: {what() if callable(what) else what}")
             time.sleep(0.1)
 
+    def busy_nodes(self, timeout: float = SETTLE_SECONDS) -> dict[str, dict]:
+        """The surviving nodes that still hold something after `timeout` (a lease, held KV and aborts
+        settle within a lease and a transfer timeout), with their /stats: {} when every one is idle."""
+        alive = [name for name, process in self.local.processes if name in self.urls and process.poll() is None
+                 and name.startswith(("prefill", "decode"))]
+        deadline = time.monotonic() + timeout
+        while True:
+            busy = {name: stats for name in alive if not idle(stats := self.stats(name))}
+            if not busy or time.monotonic() > deadline:
+                return busy
+            time.sleep(0.2)
+
     def stop(self) -> None:
+        """Stop every process; what a surviving node still held is recorded in LEAKS first (the e2e tier's
+        autouse fixture fails the test that leaked), not raised here, where it would hide a test's own error."""
+        try:
+            busy = self.busy_nodes()
+        except httpx.HTTPError as exc:  # a node that stopped answering is the test's failure to report
+            busy = {"unreachable": {"error": repr(exc)}}
+        if busy:
+            LEAKS.append(busy)
         self.local.stop()
         if self.redis is not None:
             self.redis.stop()
