@@ -94,10 +94,11 @@ class AsyncLLMEngine:
             self._deliver(request_id, error)
 
     async def add_request(
-        self, request_id: str, prompt: PromptInput, params: SamplingParams | None = None, hold_kv: bool = False
+        self, request_id: str, prompt: PromptInput, params: SamplingParams | None = None, hold_kv: bool = False,
+        resumed: list[int] | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Validates and queues (raising ValueError for bad input); iterate for outputs."""
-        return await self._start(request_id, lambda: self.engine.add_request(request_id, prompt, params, hold_kv))
+        return await self._start(request_id, lambda: self.engine.add_request(request_id, prompt, params, hold_kv, resumed))
 
     async def activate(self, request_id: str) -> AsyncIterator[RequestOutput]:
         """Decode side: start decoding a reserved request whose KV arrived (LLMEngine.activate)."""

@@ -57,8 +57,8 @@ class Request:
         completions = [
             CompletionOutput(
                 index=seq.index,
-                text=seq.detokenizer.visible_text(seq.is_finished),
-                token_ids=seq.output_token_ids,  # already a fresh list: copied once, not twice
+                text=seq.new_text(),
+                token_ids=seq.new_output_token_ids,  # already a fresh list: copied once, not twice
                 finish_reason=seq.finish_reason,
                 stop_reason=seq.stop_reason,
                 logprobs=None if seq.logprobs is None else list(seq.logprobs),
@@ -139,22 +139,25 @@ class LLMEngine:
         raise TypeError("a prompt is a string or {'prompt_token_ids': [...]}")
 
     def add_request(
-        self, request_id: str, prompt: PromptInput, params: SamplingParams | None = None, hold_kv: bool = False
+        self, request_id: str, prompt: PromptInput, params: SamplingParams | None = None, hold_kv: bool = False,
+        resumed: list[int] | None = None,
     ) -> None:
         """Queue a request. With hold_kv (a prefill node's request) the prompt's blocks stay allocated after
-        it finishes, listed in the output's kv_block_ids, until release_kv(request_id)."""
-        request = self._new_request(request_id, prompt, params, hold_kv)
+        it finishes, listed in the output's kv_block_ids, until release_kv(request_id). `resumed`: the
+        outputs a node that died sent already (Sequence.resume); the outputs report what follows them."""
+        request = self._new_request(request_id, prompt, params, hold_kv, resumed or [])
         for seq in request.seqs:
             self.scheduler.add(seq)
 
-    def _new_request(self, request_id: str, prompt: PromptInput, params: SamplingParams | None, hold_kv: bool) -> Request:
+    def _new_request(self, request_id: str, prompt: PromptInput, params: SamplingParams | None, hold_kv: bool,
+                     resumed: list[int]) -> Request:
         params = params or SamplingParams()
         if request_id in self.requests or request_id in self.held_kv:
             raise ValueError(f"request_id {request_id!r} is already running")
         if hold_kv and params.n != 1:
             raise ValueError("n must be 1 for a request whose KV cache moves to another node")
         text, token_ids = self.tokenize_prompt(prompt)
-        self._validate_prompt(token_ids)
+        self._validate_prompt(token_ids + resumed)
         seqs = []
         for index in range(params.n):
             generator = None
@@ -162,6 +165,8 @@ class LLMEngine:
                 generator = torch.Generator(self.device).manual_seed(params.seed + index)
             detokenizer = IncrementalDetokenizer(self.tokenizer.tokenizer, params.stop_strings, params.skip_special_tokens)
             seqs.append(Sequence(request_id, index, token_ids, params, detokenizer, generator))
+            if resumed:
+                seqs[-1].resume(resumed, self.model_config.vocab_size)
         request = Request(request_id, text, token_ids, seqs, hold_kv)
         self.requests[request_id] = request
         return request
@@ -186,10 +191,11 @@ class LLMEngine:
         if block_ids is not None:
             self.allocator.free(block_ids)
 
-    def reserve(self, request_id: str, prompt: PromptInput, params: SamplingParams | None = None) -> KVReservation:
-        """Decode side: allocate the blocks a prompt's KV will arrive into. Blocks this node already holds
-        (its prefix cache) are reused and listed as first_block; raises OutOfBlocksError if short."""
-        request = self._new_request(request_id, prompt, params, hold_kv=False)
+    def reserve(self, request_id: str, prompt: PromptInput, params: SamplingParams | None = None,
+                resumed: list[int] | None = None) -> KVReservation:
+        """Decode side: allocate the blocks a prompt's KV (and any resumed outputs') will arrive into. Blocks
+        this node already holds (its prefix cache) are reused as first_block; raises OutOfBlocksError if short."""
+        request = self._new_request(request_id, prompt, params, False, resumed or [])
         seq = request.seqs[0]
         self.block_manager.take_prefix_hits(seq)
         cached_blocks = len(seq.block_ids)

@@ -8,10 +8,12 @@ so a seeded request reproduces whatever else shares its batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
-from kvferry.engine.sequence import Sequence
+if TYPE_CHECKING:  # a sequence skips its draws through this module when it resumes
+    from kvferry.engine.sequence import Sequence
 
 
 @dataclass
@@ -96,6 +98,21 @@ class PendingSample:
         return SamplerOutput(tokens, logprobs)
 
 
+def _seeded_draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """One token from one row of probabilities. How many random numbers this takes depends on the row's
+    length and device only, not on its values (multinomial draws one exponential per entry): so
+    skip_seeded_draws can replay it."""
+    return torch.multinomial(probs, 1, generator=generator)[0]
+
+
+def skip_seeded_draws(generator: torch.Generator, vocab_size: int, count: int) -> None:
+    """Advance a seeded generator past the draws of `count` sampled tokens, as if it had sampled them: a
+    completion resumed on another node (its first node died) then draws what it would have drawn."""
+    uniform = torch.full((vocab_size,), 1.0 / vocab_size, device=generator.device)
+    for _ in range(count):
+        _seeded_draw(uniform, generator)
+
+
 def sample_async(logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
     """Queue the sampling of one token per row; logits: [len(seqs), vocab] float32, one row per sequence
     that samples this step."""
@@ -114,7 +131,7 @@ def sample_async(logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
         for i, row in enumerate(random_rows):
             generator = seqs[row].generator
             if generator is not None:
-                token_ids[row] = torch.multinomial(probs[i], 1, generator=generator)[0]
+                token_ids[row] = _seeded_draw(probs[i], generator)
     if token_ids.device.type != "cuda":
         return PendingSample(token_ids, token_ids, None, raw_logprobs, wants_logprobs)
     # A copy into pinned memory and an event: waiting on a plain .tolist() would also wait for every

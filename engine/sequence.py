@@ -8,6 +8,7 @@ import itertools
 import torch
 
 from kvferry.engine.detokenizer import IncrementalDetokenizer
+from kvferry.engine.sampler import skip_seeded_draws
 from kvferry.engine.sampling_params import SamplingParams
 
 _sequence_ids = itertools.count()
@@ -46,6 +47,26 @@ class Sequence:
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.finish_reason: str | None = None
         self.stop_reason: str | int | None = None
+        # A completion resumed here after its first node died: the outputs that node sent, and their text,
+        # are this sequence's first outputs but are not reported again (the client has them).
+        self.num_resumed_tokens = 0
+        self.resumed_text_chars = 0
+
+    def resume(self, output_token_ids: list[int], vocab_size: int) -> None:
+        """Continue a completion whose first outputs another node sent: they are computed again with the
+        prompt (penalties, max_tokens and stop strings count them), the detokenizer reads them so the text
+        goes on exactly where the client's ends, and a seeded generator skips the draws they took."""
+        if self.num_output_tokens or self.params.n != 1:
+            raise ValueError("only a new sequence of a request with n == 1 can resume")
+        if len(output_token_ids) >= self.params.max_tokens:
+            raise ValueError(f"{len(output_token_ids)} resumed tokens leave none of max_tokens={self.params.max_tokens}")
+        self.token_ids += output_token_ids
+        for token_id in output_token_ids:
+            self.detokenizer.append(token_id)
+        self.num_resumed_tokens = len(output_token_ids)
+        self.resumed_text_chars = len(self.detokenizer.visible_text(finished=False))
+        if self.generator is not None and not self.params.greedy:
+            skip_seeded_draws(self.generator, vocab_size, len(output_token_ids))
 
     @property
     def num_tokens(self) -> int:
@@ -54,6 +75,15 @@ class Sequence:
     @property
     def output_token_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def new_output_token_ids(self) -> list[int]:
+        """The outputs made here (after any resumed ones)."""
+        return self.token_ids[self.num_prompt_tokens + self.num_resumed_tokens :]
+
+    def new_text(self) -> str:
+        """The text that may be shown so far, after any resumed tokens' text."""
+        return self.detokenizer.visible_text(self.is_finished)[self.resumed_text_chars :]
 
     @property
     def num_output_tokens(self) -> int:
