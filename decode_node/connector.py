@@ -82,11 +82,12 @@ class DecodeConnector:
         if self._sweeper is not None:
             self._sweeper.cancel()
 
-    async def reserve(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> DestinationHandle:
-        """Allocate the prompt's blocks after those this node's prefix cache holds and open a lease on them.
-        Raises OutOfBlocksError (no room now) or ValueError (bad input)."""
+    async def reserve(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                      resumed: list[int]) -> DestinationHandle:
+        """Allocate the prompt's blocks (and any resumed outputs') after those this node's prefix cache holds
+        and open a lease on them. Raises OutOfBlocksError (no room now) or ValueError (bad input)."""
         prompt = {"prompt_token_ids": prompt_ids}
-        reservation = await self.engine.call(lambda engine: engine.reserve(request_id, prompt, params))
+        reservation = await self.engine.call(lambda engine: engine.reserve(request_id, prompt, params, resumed))
         loop = asyncio.get_running_loop()
         handle = self.receiver.expect(request_id, reservation.block_ids, reservation.first_block)
         pending = _Reservation(handle, loop.create_future(), loop)
@@ -97,7 +98,8 @@ class DecodeConnector:
         self.metrics.observe_prefix(len(prompt_ids), reservation.first_block * self.block_size)
         return handle
 
-    async def decode(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> DecodeStream | None:
+    async def decode(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                     resumed: list[int]) -> DecodeStream | None:
         """Wait for the reserved KV, then decode from it; when it does not come, prefill here instead.
         None: the request was aborted meanwhile."""
         with self._lock:
@@ -114,11 +116,12 @@ class DecodeConnector:
         self.receiver.release(pending.handle)
         await self.engine.call(lambda engine: engine.cancel_reservation(request_id))
         reason = KVOutcome.NOT_ARRIVED if outcome is KVOutcome.ARRIVED else outcome  # claimed too late
-        return DecodeStream(await self.prefill_locally(request_id, prompt_ids, params), reason.value)
+        return DecodeStream(await self.prefill_locally(request_id, prompt_ids, params, resumed), reason.value)
 
-    async def prefill_locally(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> AsyncIterator[RequestOutput]:
+    async def prefill_locally(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                              resumed: list[int]) -> AsyncIterator[RequestOutput]:
         """The whole request on this node (no prefill node, or the KV did not come). Raises ValueError."""
-        stream = await self.engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params)
+        stream = await self.engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, params, resumed=resumed)
         self.metrics.local_prefills.inc()
         return stream
 

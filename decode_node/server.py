@@ -65,7 +65,7 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
     async def decode(body: PromptRequest) -> ClosingStreamingResponse:
         params = _params(body)
         try:
-            handle = await connector.reserve(body.request_id, body.prompt_token_ids, params)
+            handle = await connector.reserve(body.request_id, body.prompt_token_ids, params, body.resumed_token_ids)
         except OutOfBlocksError as exc:
             raise HTTPException(503, str(exc)) from None
         except ValueError as exc:
@@ -78,7 +78,7 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         try:
             yield (reserved.model_dump_json() + "\n").encode()
             try:
-                stream = await connector.decode(body.request_id, body.prompt_token_ids, params)
+                stream = await connector.decode(body.request_id, body.prompt_token_ids, params, body.resumed_token_ids)
             except Exception as exc:  # noqa: BLE001 - the engine died: reported in-band, as mid-stream
                 yield error_line(exc)
                 return
@@ -99,7 +99,8 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
     @app.post(f"{API_PREFIX}/generate")
     async def generate(body: PromptRequest) -> ClosingStreamingResponse:
         try:
-            stream = await connector.prefill_locally(body.request_id, body.prompt_token_ids, _params(body))
+            stream = await connector.prefill_locally(body.request_id, body.prompt_token_ids, _params(body),
+                                                     body.resumed_token_ids)
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
         return ClosingStreamingResponse(ndjson_deltas(stream), media_type=NDJSON)

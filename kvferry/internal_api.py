@@ -51,6 +51,9 @@ class PromptRequest(_Strict):
     request_id: str
     prompt_token_ids: list[int]
     sampling: SamplingSpec
+    # A stream migrated from a decode node that died: the output tokens its client already has. The node
+    # continues after them and streams only what follows (a prefill node computes them with the prompt).
+    resumed_token_ids: list[int] = Field(default_factory=list)
 
 
 class ReservedKV(_Strict):

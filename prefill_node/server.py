@@ -32,7 +32,9 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
     async def prefill(body: PrefillRequest) -> PrefillResponse:
         try:
             handle = DestinationHandle.from_json(body.handle)
-            result = await connector.prefill_and_send(body.request_id, body.prompt_token_ids, body.sampling.to_params(), handle)
+            # A resumed request's outputs so far have their KV on the decode node too: computed here as prompt.
+            tokens = body.prompt_token_ids + body.resumed_token_ids
+            result = await connector.prefill_and_send(body.request_id, tokens, body.sampling.to_params(), handle)
         except (TypeError, ValueError) as exc:
             raise HTTPException(400, str(exc)) from None
         except (PrefillAborted, LayoutMismatchError) as exc:

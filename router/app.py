@@ -34,6 +34,7 @@ from kvferry.router.discovery.cluster import ClusterState
 from kvferry.router.discovery.health import HealthTracker
 from kvferry.router.discovery.registry_view import RegistryView
 from kvferry.router.discovery.sources import Discovery, RegistryDiscovery, StaticDiscovery
+from kvferry.router.dispatch.migration import Migration
 from kvferry.router.dispatch.node_streams import NodeStreams
 from kvferry.router.dispatch.pd_flow import PDFlow
 from kvferry.router.metrics import RouterMetrics
@@ -92,11 +93,12 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     encoder = PromptEncoder(config.model.path, ModelLimits.from_dir(config.model.path, config.model.max_model_len))
     pd = PDDecision(config.disaggregation, config.disaggregation_min_tokens)
     admission = Admission(config.max_inflight)
+    flow = PDFlow(client, NodeStreams(node_headers), cluster, metrics, config.prefill_timeout_seconds, pd)
     service = CompletionService(
         model=model, encoder=encoder, cluster=cluster,
         lookup=PrefixLookup(model, index, RoutingHistory(config.routing_history_seconds)),
         scheduler=Scheduler(config.resolve_policy(), pd=pd),
-        flow=PDFlow(client, NodeStreams(node_headers), cluster, metrics, config.prefill_timeout_seconds, pd),
+        migration=Migration(flow, metrics, config.max_migrations),
         metrics=metrics, plugins=load_plugins(config.plugins), admission=admission,
         default_max_tokens=config.default_max_tokens,
     )
@@ -112,7 +114,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
         gc.freeze()
         yield
         await cluster.stop()
-        await service.flow.aclose()
+        await flow.aclose()
         await client.aclose()
 
     app = FastAPI(title="kvferry router", version="1", lifespan=lifespan)

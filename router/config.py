@@ -70,6 +70,9 @@ class RouterConfig(_Section):
     probe_timeout_seconds: float = Field(1.0, gt=0)
     stale_record_seconds: float = Field(15.0, gt=0)  # three missed heartbeats: the node is dead
     prefill_timeout_seconds: float = Field(60.0, gt=0)
+    # A stream whose decode node is lost goes on on another one (router/dispatch/migration.py) this many
+    # times; 0: the client gets the error.
+    max_migrations: int = Field(1, ge=0)
     # How long the router counts a prompt's blocks as cached on the node it sent them to, before the node's
     # own index entries take over (router/scheduling/routing_history.py); 0 turns the history off.
     routing_history_seconds: float = Field(30.0, ge=0)

@@ -65,6 +65,8 @@ class RouterMetrics:
                                  ["reason"], registry=r)
         self.pd_decisions = Counter("kvferry:pd_decisions", "P/D decisions: prompts disaggregated or kept on the "
                                     "decode node", ["path"], registry=r)
+        self.migrations = Counter("kvferry:router_migrations", "Streams whose decode node was lost: migrated, or "
+                                  "ended with an error (no other node, or migrations exhausted)", ["outcome"], registry=r)
         self.node_calls = Counter("kvferry:router_node_calls", "HTTP calls the router made to nodes, by route",
                                   ["route"], registry=r)
         self.inflight = Gauge("kvferry:router_inflight_requests", "Requests in flight in this router", registry=r)

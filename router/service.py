@@ -25,9 +25,10 @@ from kvferry.router.api.responses import Choice, ResponseShape, sse
 from kvferry.router.api.sse_response import SSEResponse
 from kvferry.router.api.streams import merge_streams
 from kvferry.router.discovery.cluster import ClusterState
-from kvferry.router.dispatch.pd_flow import PDFlow
+from kvferry.router.discovery.nodes import NodeView
+from kvferry.router.dispatch.migration import Migration
 from kvferry.router.metrics import RouterMetrics
-from kvferry.router.scheduling import NoNodeAvailable, Scheduler, SchedulingRequest
+from kvferry.router.scheduling import Decision, NoNodeAvailable, Scheduler, SchedulingRequest
 from kvferry.router.scheduling.prefix_lookup import PrefixLookup
 
 GREEDY_BELOW_TEMPERATURE = 1e-5
@@ -71,10 +72,10 @@ def sampling_spec(body: SamplingFields, max_tokens: int, logprobs: int | None) -
 
 class CompletionService:
     def __init__(self, *, model: str, encoder: PromptEncoder, cluster: ClusterState, lookup: PrefixLookup,
-                 scheduler: Scheduler, flow: PDFlow, metrics: RouterMetrics, plugins: PluginChain,
+                 scheduler: Scheduler, migration: Migration, metrics: RouterMetrics, plugins: PluginChain,
                  admission: Admission, default_max_tokens: int | None) -> None:
         self.model, self.encoder, self.cluster, self.scheduler = model, encoder, cluster, scheduler
-        self.lookup, self.flow, self.metrics, self.plugins = lookup, flow, metrics, plugins
+        self.lookup, self.migration, self.metrics, self.plugins = lookup, migration, metrics, plugins
         self.admission, self.default_max_tokens = admission, default_max_tokens
 
     async def serve(self, body: CompletionRequest | ChatCompletionRequest, request: Request) -> Response:
@@ -168,24 +169,34 @@ class CompletionService:
         """Schedule each choice (one prefix lookup per prompt) and open its node stream (the nodes are called
         when it is first read)."""
         nodes = self.cluster.views()
-        policy = self.scheduler.policy_name
         requests: dict[int, SchedulingRequest] = {}
         streams = []
         for sub in subs:
             if sub.prompt_index not in requests:
                 requests[sub.prompt_index] = await self.lookup.request_for(sub.prompt_ids, nodes)
-            request = requests[sub.prompt_index]
-            try:
-                decision = self.scheduler.schedule(request, nodes)
-            except NoNodeAvailable as exc:
-                raise overloaded(503, str(exc)) from None
-            self.lookup.routed(request, (decision.prefill or decision.decode).name)
-            self.metrics.routed(policy, "decode", decision.decode.name)
-            if decision.prefill is not None:
-                self.metrics.routed(policy, "prefill", decision.prefill.name)
-            self.metrics.prefix(len(sub.prompt_ids), min(decision.cached_blocks * request.block_size, len(sub.prompt_ids)))
-            streams.append(self.flow.stream(f"{uuid.uuid4().hex}-{sub.choice}", sub.prompt_ids, sub.spec, decision))
+            decision = self._schedule(requests[sub.prompt_index], nodes, len(sub.prompt_ids))
+            streams.append(self.migration.stream(f"{uuid.uuid4().hex}-{sub.choice}", sub.prompt_ids, sub.spec, decision,
+                                                 self._reschedule))
         return streams
+
+    def _schedule(self, request: SchedulingRequest, nodes: list[NodeView], num_tokens: int) -> Decision:
+        try:
+            decision = self.scheduler.schedule(request, nodes)
+        except NoNodeAvailable as exc:
+            raise overloaded(503, str(exc)) from None
+        self.lookup.routed(request, (decision.prefill or decision.decode).name)
+        policy = self.scheduler.policy_name
+        self.metrics.routed(policy, "decode", decision.decode.name)
+        if decision.prefill is not None:
+            self.metrics.routed(policy, "prefill", decision.prefill.name)
+        self.metrics.prefix(num_tokens, min(decision.cached_blocks * request.block_size, num_tokens))
+        return decision
+
+    async def _reschedule(self, token_ids: list[int], lost: set[str]) -> Decision:
+        """A choice whose decode node was lost, scheduled again without the nodes it lost: `token_ids`, its
+        prompt and the outputs it has, are the prompt its next node computes."""
+        nodes = [node for node in self.cluster.views() if node.url not in lost]
+        return self._schedule(await self.lookup.request_for(token_ids, nodes), nodes, len(token_ids))
 
     @staticmethod
     async def _first(merged: AsyncIterator[tuple[int, list[dict]]]) -> tuple[int, list[dict]] | None:

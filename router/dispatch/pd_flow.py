@@ -7,7 +7,9 @@ whole request through /generate: one call.
 Faults: a prefill node that answers 5xx, cannot be reached or times out -> the router tells the decode node,
 which prefills locally on the stream already open (counted); a 4xx from it is passed through unchanged; KV
 that never arrived -> the decode node prefills locally by itself and says so on its first line. A client that
-leaves (the stream is closed or cancelled) -> abort on the decode and the prefill node.
+leaves (the stream is closed or cancelled) -> abort on the decode and the prefill node. A decode node that
+cannot be reached or whose stream breaks before its last token -> DecodeNodeLost, which migration.py turns
+into a new stream elsewhere.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import orjson
 from kvferry.internal_api import API_PREFIX, SamplingSpec
 from kvferry.router.api.errors import APIError, overloaded
 from kvferry.router.discovery.cluster import ClusterState
+from kvferry.router.discovery.nodes import NodeView
 from kvferry.router.dispatch.node_streams import NodeStreams, StreamErrors, ndjson_batches
 from kvferry.router.metrics import RouterMetrics
 from kvferry.router.scheduling import Decision
@@ -34,6 +37,14 @@ from kvferry.router.scheduling.pd_decision import PDDecision, PDSample
 log = logging.getLogger(__name__)
 CONTROL_TIMEOUT = httpx.Timeout(10.0, connect=5.0)
 ABORT_TIMEOUT_SECONDS = 2.0
+
+
+class DecodeNodeLost(Exception):
+    """A decode node's stream broke (or never opened) before its last token: the node died or went away."""
+
+    def __init__(self, node: NodeView, reason: str) -> None:
+        super().__init__(f"decode node {node.name} failed: {reason}")
+        self.node = node
 
 
 def _detail(content: bytes) -> str:
@@ -60,12 +71,14 @@ class PDFlow:
         self.prefill_timeout = httpx.Timeout(prefill_timeout_seconds, connect=5.0)
         self._aborts: set[asyncio.Task] = set()
 
-    async def stream(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec,
-                     decision: Decision) -> AsyncIterator[list[dict[str, Any]]]:
+    async def stream(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec, decision: Decision,
+                     resumed: list[int]) -> AsyncIterator[list[dict[str, Any]]]:
         """The decode node's chunks (internal_api.StreamChunk as dicts), in order, in batches of those that
-        arrived together."""
+        arrived together. `resumed`: output tokens the client has from a decode node that died (the
+        chunks continue after them). Raises DecodeNodeLost."""
         decode, prefill = decision.decode, decision.prefill
-        body = {"request_id": request_id, "prompt_token_ids": prompt_ids, "sampling": spec.model_dump()}
+        body = {"request_id": request_id, "prompt_token_ids": prompt_ids, "sampling": spec.model_dump(),
+                "resumed_token_ids": resumed}
         if decision.kept_on_decode:
             self.metrics.pd_decisions.labels(path="kept_on_decode").inc()
         elif prefill is None and not decision.colocated:
@@ -85,7 +98,7 @@ class PDFlow:
                         if prefill is not None:
                             first = await anext(batches, None)
                             if first is None:
-                                raise APIError(502, f"decode node {decode.name} closed its stream before reserving")
+                                raise DecodeNodeLost(decode, "its stream closed before reserving")
                             reserved, *chunks = first
                             await self._prefill_remotely(body, reserved["handle"], decision, opened)
                             if chunks:  # D held the whole prompt: its tokens came with the handle
@@ -96,9 +109,11 @@ class PDFlow:
                                 self.metrics.fallback("kv_not_arrived")
                             finished = batch[-1].get("finish_reason") is not None
                             yield batch
+                if not finished:  # the connection closed cleanly, but early: the node went away
+                    raise DecodeNodeLost(decode, "its stream ended before the last token")
             except StreamErrors as exc:
                 self.cluster.record_failure(decode.url)
-                raise APIError(502, f"decode node {decode.name} failed: {exc!r}") from None
+                raise DecodeNodeLost(decode, repr(exc)) from None
             finally:
                 if not finished:  # the client left, or the stream broke: free what D holds
                     self._abort_later(decode.url, request_id)

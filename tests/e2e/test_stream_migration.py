@@ -1,0 +1,113 @@
+"""Mid-stream migration with real processes (router/dispatch/migration.py): a decode node SIGKILLed under 16
+concurrent streams, and every stream goes on on the other decode node with exactly the undisturbed text; the
+only decode node killed, and its streams end with a clean error at once."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import httpx
+import pytest
+from support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster
+
+STREAMS = 16
+SEEDED = 4  # of them, sampled with a seed: they continue from the same sampler state
+MAX_TOKENS = 160
+CLEAN_ERROR_SECONDS = 5.0
+MID_STREAM = 4  # streams decode-0 decodes when it is killed
+
+
+def _body(index: int, stream: bool) -> dict:
+    rng = random.Random(index)
+    sampling = {"temperature": 0.8, "seed": 1000 + index} if index < SEEDED else {"temperature": 0}
+    return {"model": MODEL_NAME, "prompt": [rng.randrange(1000) for _ in range(30 + index)], "max_tokens": MAX_TOKENS,
+            "ignore_eos": True, "stream": stream, **({"stream_options": {"include_usage": True}} if stream else {}),
+            **sampling}
+
+
+@dataclass
+class StreamRecord:
+    text: str = ""
+    completion_tokens: int | None = None
+    errors: list[dict] = field(default_factory=list)
+    events: int = 0
+
+
+def _read_stream(router: str, index: int, record: StreamRecord) -> StreamRecord:
+    with httpx.stream("POST", f"{router}/v1/completions", json=_body(index, stream=True), timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line.removeprefix("data: "))
+            if "error" in event:
+                record.errors.append(event["error"])
+            elif event.get("usage"):
+                record.completion_tokens = event["usage"]["completion_tokens"]
+            for choice in event.get("choices", []):
+                record.text += choice["text"]
+                record.events += 1
+    return record
+
+
+def _undisturbed(router: str) -> list[str]:
+    def one(index: int) -> str:
+        response = httpx.post(f"{router}/v1/completions", json=_body(index, stream=False), timeout=120)
+        assert response.status_code == 200, response.text
+        return response.json()["choices"][0]["text"]
+
+    with ThreadPoolExecutor(STREAMS) as pool:
+        return list(pool.map(one, range(STREAMS)))
+
+
+@pytest.fixture
+def two_by_two(tiny_models):
+    cluster = DisaggregatedCluster(tiny_models["llama"], num_prefill=2, num_decode=2)
+    yield cluster
+    cluster.stop()
+
+
+def test_decode_node_killed_under_16_streams_every_stream_completes_with_the_undisturbed_text(two_by_two):
+    cluster = two_by_two
+    expected = _undisturbed(cluster.router)
+    records = [StreamRecord() for _ in range(STREAMS)]
+    with ThreadPoolExecutor(STREAMS) as pool:
+        futures = [pool.submit(_read_stream, cluster.router, i, records[i]) for i in range(STREAMS)]
+        # Mid-stream: decode-0 is decoding several of the streams (running: each has a token, none is done).
+        running = cluster.wait_until(lambda: (n := cluster.stats("decode-0")["running"]) >= MID_STREAM and n, 60,
+                                     f"decode-0 decoding {MID_STREAM} streams")
+        cluster.kill("decode-0")
+        done = [f.result(timeout=120) for f in futures]
+    for index, (record, text) in enumerate(zip(done, expected, strict=True)):
+        assert record.errors == [], f"stream {index}: {record.errors}"
+        assert record.completion_tokens == MAX_TOKENS, f"stream {index}"
+        assert record.text == text, f"stream {index} differs from its undisturbed run"
+    # Those it was decoding, and any whose KV it was waiting for.
+    assert cluster.metric("router", 'kvferry:router_migrations_total{outcome="migrated"}') >= running
+
+
+def test_the_only_decode_node_killed_ends_its_stream_with_a_clean_error_at_once(tiny_models):
+    cluster = DisaggregatedCluster(tiny_models["llama"])
+    try:
+        record = StreamRecord()
+        reader = threading.Thread(target=_read_stream, args=(cluster.router, STREAMS, record))  # greedy, unseeded
+        reader.start()
+        cluster.wait_until(lambda: record.events >= 2, 60, "the stream's first tokens")
+        cluster.kill("decode-0")
+        killed = time.monotonic()
+        reader.join(timeout=30)
+        assert not reader.is_alive() and time.monotonic() - killed < CLEAN_ERROR_SECONDS
+        assert len(record.errors) == 1 and "no other decode node" in record.errors[0]["message"], record.errors
+        assert record.completion_tokens is None  # never reported as complete
+        # A new request fails as fast and as clearly, whether or not the router's probes have noticed yet.
+        started = time.monotonic()
+        response = httpx.post(f"{cluster.router}/v1/completions", json=_body(STREAMS, stream=False), timeout=30)
+        assert response.status_code == 503 and time.monotonic() - started < CLEAN_ERROR_SECONDS, response.text
+        assert cluster.metric("router", 'kvferry:router_migrations_total{outcome="no_node"}') >= 1
+    finally:
+        cluster.stop()
