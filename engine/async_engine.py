@@ -118,8 +118,21 @@ class AsyncLLMEngine:
                 if first is None or not first.finished:
                     self._queues[request_id] = (loop, queue)
 
-        await asyncio.to_thread(locked)
+        added = loop.run_in_executor(None, locked)
+        try:
+            # Shielded (_shielded_abort says why): a caller cancelled while `locked` waits for the step in progress
+            # must not leave the request it adds running with nobody to read or abort it.
+            await asyncio.shield(added)
+        except asyncio.CancelledError:
+            added.add_done_callback(lambda done: self._abandon(request_id, done))
+            raise
         return self._stream(request_id, queue)
+
+    def _abandon(self, request_id: str, added: asyncio.Future[None]) -> None:
+        """A request whose caller left before it had its stream: aborted once added (on the loop)."""
+        if not added.cancelled() and added.exception() is None:
+            self._queues.pop(request_id, None)
+            self._shielded_abort(request_id)
 
     def run_locked(self, fn: Callable[[LLMEngine], T]) -> T:
         """Run a short synchronous engine call (reserve, release_kv, stats) between two steps."""
@@ -144,7 +157,15 @@ class AsyncLLMEngine:
         finally:
             self._queues.pop(request_id, None)
             if not finished:
-                await asyncio.to_thread(self.abort, request_id)
+                await self._shielded_abort(request_id)
+
+    def _shielded_abort(self, request_id: str) -> asyncio.Future[bool]:
+        """Abort in a worker thread, and the abort happens even when the awaiting task is cancelled. A reader that
+        leaves is cancelled (Starlette's response cancels its scope when the client disconnects, and anyio then
+        cancels every await in it at once): a plain to_thread was cancelled with it, before a worker had taken it
+        when the pool was busy, and the request ran on unread to max_tokens, its blocks in use (a router killed
+        under load left its decode nodes running for 30 s: tests/e2e/test_shared_state_faults.py)."""
+        return asyncio.shield(asyncio.get_running_loop().run_in_executor(None, self.abort, request_id))
 
     def abort(self, request_id: str) -> bool:
         """Stop a request; a stream still waiting on it gets its last output (finish_reason "abort").

@@ -1,6 +1,9 @@
 import asyncio
+import os
+import threading
 import time
 
+import anyio
 import pytest
 
 from kvferry.engine import LLM, AsyncLLMEngine, LLMEngine, SamplingParams
@@ -139,3 +142,72 @@ def test_engine_calls_get_the_lock_between_two_steps(async_engine):
     assert outputs[-1].outputs[0].finish_reason == "abort"
     # The call waits out the step in progress and at most the one that began while it was queued.
     assert max(waited) <= 2, waited
+
+
+def _counting_aborts(tiny_models) -> tuple[AsyncLLMEngine, list[str]]:
+    aborts: list[str] = []
+    engine = LLMEngine(tiny_models["llama"], EngineArgs(dtype="float32", max_model_len=256))
+    return AsyncLLMEngine(engine, on_abort=lambda: aborts.append("abort")), aborts
+
+
+async def _until_idle(engine: AsyncLLMEngine) -> None:
+    while engine.run_locked(lambda e: e.has_unfinished_requests()):
+        await asyncio.sleep(0.05)
+
+
+LONG = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+PROMPT = {"prompt_token_ids": list(range(30, 60))}
+
+
+def test_a_reader_cancelled_while_every_worker_thread_is_busy_still_aborts(tiny_models):
+    """Starlette cancels a streaming response's scope when its client leaves, and anyio then cancels every await
+    in it at once, the stream's abort among them: with the pool's threads busy, the abort was dropped before
+    any ran it, and the request went on unread to max_tokens."""
+    engine, aborts = _counting_aborts(tiny_models)
+
+    async def main() -> None:
+        stream = await engine.add_request("left", PROMPT, LONG)
+        await anext(stream)
+        loop, release = asyncio.get_running_loop(), threading.Event()
+        busy = [loop.run_in_executor(None, release.wait) for _ in range(min(32, (os.cpu_count() or 1) + 4))]
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await stream.aclose()  # the reader leaves inside a cancelled scope
+        release.set()
+        await asyncio.gather(*busy)
+        await _until_idle(engine)
+
+    try:
+        asyncio.run(main())
+        assert aborts == ["abort"]  # stopped, not run to its 200 tokens
+    finally:
+        engine.shutdown()
+    assert engine.engine.allocator.check_integrity().in_use == 0
+
+
+def test_a_caller_cancelled_while_its_request_waits_for_the_step_lock_leaves_nothing_running(tiny_models):
+    """The request is added in a worker thread once the step in progress ends; a caller cancelled meanwhile
+    never gets its stream, so nobody would read or abort it."""
+    engine, aborts = _counting_aborts(tiny_models)
+    held, release = threading.Event(), threading.Event()
+    holder = threading.Thread(target=engine.run_locked, args=(lambda _: (held.set(), release.wait()),))
+
+    async def main() -> None:
+        holder.start()
+        held.wait()  # a long step in progress, as far as new requests can tell
+        adding = asyncio.ensure_future(engine.add_request("never-read", PROMPT, LONG))
+        await asyncio.sleep(0.2)  # its thread waits for the lock
+        adding.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await adding
+        release.set()
+        await asyncio.sleep(0.2)
+        await _until_idle(engine)
+
+    try:
+        asyncio.run(main())
+        assert aborts == ["abort"]
+    finally:
+        release.set()
+        engine.shutdown()
+    assert engine.engine.allocator.check_integrity().in_use == 0
