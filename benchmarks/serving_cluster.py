@@ -143,5 +143,14 @@ class ServingCluster:
             raise
         return self
 
+    def kill(self, name: str) -> None:
+        """SIGKILL a node, as a crash would."""
+        self.local.kill(name)
+
+    def restart(self, name: str) -> None:
+        """Start a killed node again on its port, and wait until it serves."""
+        self.local.restart(name)
+        self.local.wait_ready({name: self.node_urls[name]})
+
     def __exit__(self, *_: object) -> None:
         self.local.stop()

@@ -25,15 +25,29 @@ class LocalCluster:
     def __init__(self, cluster_token: str | None = None) -> None:
         """`cluster_token`: every process gets it (nodes require it on their internal API, the router sends it)."""
         self.processes: list[tuple[str, subprocess.Popen]] = []
+        self.commands: dict[str, list[str]] = {}  # each process's command line, for restart
         self.workdir = Path(tempfile.mkdtemp(prefix="kvferry-up-"))
         self.redis: RedisServer | None = None
         # In the environment, not in argv, where `ps` would show it to every user of the machine.
         self.env = {**os.environ, CLUSTER_TOKEN_ENV: cluster_token} if cluster_token else None
 
     def spawn(self, name: str, args: list[str]) -> None:
-        log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115 - kept open for the child's lifetime
+        log = open(self.workdir / f"{name}.log", "a")  # noqa: SIM115 - kept open for the child's lifetime
         process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
         self.processes.append((name, process))
+        self.commands[name] = args
+
+    def kill(self, name: str) -> None:
+        """SIGKILL one process (and its children), as a crash would; it is gone on purpose, so neither
+        wait_ready nor stop takes its exit for a failure."""
+        process = dict(self.processes)[name]
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+        self.processes.remove((name, process))
+
+    def restart(self, name: str) -> None:
+        """Start a killed process again with its command line (same port: whoever called it finds it back)."""
+        self.spawn(name, self.commands[name])
 
     def registry(self, redis_url: str | None) -> str:
         if redis_url:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -138,11 +137,7 @@ class DisaggregatedCluster:
         os.kill(dict(self.local.processes)[name].pid, signum)
 
     def kill(self, name: str) -> None:
-        process = dict(self.local.processes)[name]
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
-        # Gone on purpose: starting more processes later must not take its exit for a failure.
-        self.local.processes.remove((name, process))
+        self.local.kill(name)
 
     def wait_until_router_ejects(self, node: str, router: str = "router") -> None:
         """Until the router's own view (its /stats) marks `node` unhealthy."""
