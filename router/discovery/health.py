@@ -37,11 +37,16 @@ class HealthTracker:
         self._ever_healthy.add(url)
 
     def record_failure(self, url: str, now: float | None = None) -> None:
+        now = now if now is not None else time.monotonic()
         state = self._states.setdefault(url, _State())
+        if state.failures and now < state.retry_at:
+            # Already ejected, not yet probed again: calls that were in flight when the node died (each of its
+            # streams) fail together, and are one failure, not one doubling of the backoff each.
+            return
         state.failures += 1
         doublings = state.failures - 1 if url in self._ever_healthy else 0
         backoff = min(self.max_backoff, self.first_backoff * 2**doublings)
-        state.retry_at = (now if now is not None else time.monotonic()) + backoff
+        state.retry_at = now + backoff
 
     def forget_except(self, urls: set[str]) -> None:
         for url in set(self._states) - urls:

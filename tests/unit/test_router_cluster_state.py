@@ -83,6 +83,19 @@ def test_failures_eject_with_a_doubling_backoff_and_one_success_readmits():
     assert health.is_healthy(url)
 
 
+def test_calls_that_fail_together_while_the_node_is_ejected_double_its_backoff_once():
+    """A decode node that dies under 16 streams fails 16 calls at once: one failure, or the router would
+    wait 2^16 s (capped) before it probed the restarted node."""
+    health = HealthTracker(first_backoff=1.0, max_backoff=30.0)
+    url = "http://n:1"
+    health.record_success(url)
+    for _ in range(16):
+        health.record_failure(url, now=10.0)
+    assert health.due_for_probe(url, now=11.0)
+    health.record_failure(url, now=11.0)  # its probe fails: the next backoff doubles
+    assert not health.due_for_probe(url, now=12.9) and health.due_for_probe(url, now=13.0)
+
+
 def test_a_node_that_never_answered_is_probed_every_round_while_it_starts():
     """A router started before its nodes must take them as soon as they are up, not 30 s later."""
     health = HealthTracker(first_backoff=1.0, max_backoff=30.0)
