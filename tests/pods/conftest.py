@@ -12,7 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 from cluster.fixtures import require_binaries
-from pods.real_node import PodsNode, kvferry_image, missing_prerequisites
+from pods.real_node import IMAGE_IMPORT_S, NODE_START_S, PodsNode, kvferry_image, missing_prerequisites
+
+DEFAULT_TEST_TIMEOUT_S = 600  # pyproject.toml's pytest timeout, which the first test's setup would exceed
 
 
 @pytest.fixture(scope="session")
@@ -34,6 +36,10 @@ def pods_node() -> Iterator[PodsNode]:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    first = True
     for item in items:
         if "pods_node" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.pods)
+            if first:  # its setup starts the node and imports the image: on a fresh machine, a 6 GB import
+                item.add_marker(pytest.mark.timeout(NODE_START_S + IMAGE_IMPORT_S + DEFAULT_TEST_TIMEOUT_S))
+                first = False
