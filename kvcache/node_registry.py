@@ -16,6 +16,11 @@ from pathlib import Path
 from typing import Protocol
 
 
+class RegistryUnavailableError(Exception):
+    """The registry could not be read (Redis down or restarting): unlike a record missing from it, this
+    says nothing about the peer, whose last known address still holds."""
+
+
 class PeerRegistry(Protocol):
     def publish(self, name: str, record: dict[str, object]) -> None: ...
 
@@ -65,7 +70,12 @@ class RedisRegistry:
         self._redis.set(self.prefix + name, json.dumps(record), ex=self.ttl_seconds)
 
     def lookup(self, name: str) -> dict[str, object] | None:
-        raw = self._redis.get(self.prefix + name)
+        import redis
+
+        try:
+            raw = self._redis.get(self.prefix + name)
+        except redis.RedisError as exc:
+            raise RegistryUnavailableError(f"the node registry is unreachable: {exc}") from exc
         return json.loads(raw) if raw else None
 
     def remove(self, name: str) -> None:

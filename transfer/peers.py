@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvferry.kvcache.node_registry import PeerRegistry
+from kvferry.kvcache.node_registry import PeerRegistry, RegistryUnavailableError
 from kvferry.transfer import ucp_direct
 from kvferry.transfer.errors import PeerUnreachableError
 from kvferry.transfer.ucx import UcxWorker
@@ -23,7 +23,12 @@ class Peers:
         inside an operation use the cache, or the address the peer sent."""
         cached = self._endpoints.get(peer)
         if address is None and (refresh or cached is None):
-            record = self._registry.lookup(peer)
+            try:
+                record = self._registry.lookup(peer)
+            except RegistryUnavailableError as exc:
+                if cached is not None:  # Redis restarting: a known peer keeps its last address
+                    return cached[1]
+                raise PeerUnreachableError(f"peer {peer!r} cannot be looked up: {exc}") from exc
             if record is None:
                 raise PeerUnreachableError(f"peer {peer!r} is not in the registry")
             address = bytes.fromhex(str(record["address"]))

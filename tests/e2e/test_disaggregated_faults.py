@@ -76,8 +76,11 @@ def test_redis_stopped_mid_run_requests_still_succeed_and_the_index_recovers(pd_
         lambda: index.scard(node_blocks) >= len(first) // BLOCK_SIZE, 30, "prefill-0's blocks indexed"
     )
     pd_cluster.redis.stop()
+    local_before = pd_cluster.metric("decode-0", "kvferry:local_prefills_total")
     during = _prompt(6, 48)
     assert _complete(pd_cluster, during, 6)["token_ids"] == tiny_llama_greedy([during], 6)[0]
+    # The prefill node knew the decode node before the outage: its KV still travelled, no local prefill.
+    assert pd_cluster.metric("decode-0", "kvferry:local_prefills_total") == local_before
     pd_cluster.restart_redis()  # same port, empty: everything the nodes knew must come back
     index = redis.Redis.from_url(pd_cluster.redis.url)
     pd_cluster.wait_until(
