@@ -95,20 +95,24 @@ class PDFlow:
                     if response.status == 503 and prefill is not None:
                         raise overloaded(503, f"decode node {decode.name} has no room: {_detail(await response.read())}")
                     async with contextlib.aclosing(self._batches(response, decode.url)) as batches:
-                        if prefill is not None:
+                        if prefill is None:
+                            batch = await anext(batches, None)
+                        else:
                             first = await anext(batches, None)
                             if first is None:
                                 raise DecodeNodeLost(decode, "its stream closed before reserving")
                             reserved, *chunks = first
-                            await self._prefill_remotely(body, reserved["handle"], decision, opened)
+                            batch = await self._prefill_watching_decode(batches, body, reserved["handle"], decision,
+                                                                        opened)
                             if chunks:  # D held the whole prompt: its tokens came with the handle
                                 finished = chunks[-1].get("finish_reason") is not None
                                 yield chunks
-                        async for batch in batches:
+                        while batch is not None:
                             if batch[0].get("local_prefill") == "kv_not_arrived":  # D's own fallback
                                 self.metrics.fallback("kv_not_arrived")
                             finished = batch[-1].get("finish_reason") is not None
                             yield batch
+                            batch = await anext(batches, None)
                 if not finished:  # the connection closed cleanly, but early: the node went away
                     raise DecodeNodeLost(decode, "its stream ended before the last token")
             except StreamErrors as exc:
@@ -127,6 +131,27 @@ class PDFlow:
                     # The node's engine failed (its own in-band report): an internal error, not a bad gateway.
                     raise APIError(500, f"decode node {url} failed mid-stream: {batch[-1].get('error')}")
                 yield batch
+
+    async def _prefill_watching_decode(self, batches: AsyncIterator[list[dict[str, Any]]], body: dict[str, Any],
+                                       handle: dict[str, Any], decision: Decision,
+                                       opened: float) -> list[dict[str, Any]] | None:
+        """P's prefill while D's stream is watched; returns D's next batch once P answered (None: D's stream
+        closed). A decode node that dies while P works ends the prefill call at once (P is told to abort and
+        frees the KV it held) instead of after P's write into the dead node timed out and P answered."""
+        prefill_call = asyncio.ensure_future(self._prefill_remotely(body, handle, decision, opened))
+        next_batch = asyncio.ensure_future(anext(batches, None))
+        try:
+            await asyncio.wait((prefill_call, next_batch), return_when=asyncio.FIRST_COMPLETED)
+            if not prefill_call.done() and (next_batch.exception() is not None or next_batch.result() is None):
+                return await next_batch  # D's stream broke (raises) or closed; P's call is cancelled below
+            await prefill_call
+            return await next_batch
+        finally:
+            # Both end here, the generator's read too: `batches` is closed by the caller, not while it runs.
+            unfinished = [task for task in (prefill_call, next_batch) if not task.done()]
+            for task in unfinished:
+                task.cancel()
+            await asyncio.gather(*unfinished, return_exceptions=True)
 
     async def _prefill_remotely(self, body: dict[str, Any], handle: dict[str, Any], decision: Decision,
                                 opened: float) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 from support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster
+from support.fake_node import StallingPrefillNode
 
 STREAMS = 16
 SEEDED = 4  # of them, sampled with a seed: they continue from the same sampler state
@@ -78,14 +79,17 @@ def test_decode_node_killed_under_16_streams_every_stream_completes_with_the_und
     records = [StreamRecord() for _ in range(STREAMS)]
     with ThreadPoolExecutor(STREAMS) as pool:
         futures = [pool.submit(_read_stream, cluster.router, i, records[i]) for i in range(STREAMS)]
-        # Mid-stream: every stream is past its prefill (a decode node killed while a prefill node writes into it
-        # holds the stream until the prefill's timeout: docs/reliability.md, open), and decode-0 is decoding
-        # several of them.
-        def decode_0_mid_stream() -> int:
+        # Mid-stream: decode-0 decodes several streams, and others may still be prefilling or travelling into
+        # it (a decode node lost while a prefill node works ends that prefill call at once).
+        def decode_0_running() -> int:
             running = cluster.stats("decode-0")["running"]
-            return running if running >= MID_STREAM and all(r.events for r in records) else 0
+            return running if running >= MID_STREAM else 0
 
-        running = cluster.wait_until(decode_0_mid_stream, 60, f"every stream decoding, decode-0 {MID_STREAM} of them")
+        running = cluster.wait_until(
+            decode_0_running, 60,
+            lambda: f"decode-0 decoding {MID_STREAM} streams: {cluster.stats('decode-0')['running']} running, "
+                    f"{sum(1 for r in records if r.events)} of {STREAMS} streams with tokens",
+        )
         cluster.kill("decode-0")
         done = [f.result(timeout=120) for f in futures]
     for index, (record, text) in enumerate(zip(done, expected, strict=True)):
@@ -116,3 +120,27 @@ def test_the_only_decode_node_killed_ends_its_stream_with_a_clean_error_at_once(
         assert cluster.metric("router", 'kvferry:router_migrations_total{outcome="no_node"}') >= 1
     finally:
         cluster.stop()
+
+
+def test_a_decode_node_lost_while_the_prefill_node_works_ends_the_prefill_call_at_once(tiny_models):
+    """The router reads the decode stream while the prefill call is out: the decode node's death is seen at
+    once, the prefill node is told to abort (freeing the KV it held) and the client gets its clean error,
+    rather than all of that after the prefill call returns (here it would hang for 30 s)."""
+    stalling = StallingPrefillNode(stall_seconds=30)
+    cluster = DisaggregatedCluster(tiny_models["llama"], num_prefill=0)
+    try:
+        cluster.urls["prefill-stalling"] = stalling.url
+        router = cluster.add_router("router-stalled", ["prefill-stalling", "decode-0"], [])
+        with ThreadPoolExecutor(1) as pool:
+            call = pool.submit(httpx.post, f"{router}/v1/completions", json=_body(STREAMS, stream=False), timeout=60)
+            cluster.wait_until(lambda: stalling.prefill_ids(), 30, "the prefill call out to the stalling node")
+            cluster.kill("decode-0")
+            killed = time.monotonic()
+            response = call.result(timeout=30)
+        assert time.monotonic() - killed < CLEAN_ERROR_SECONDS
+        assert response.status_code == 503 and "no other decode node" in response.text, response.text
+        cluster.wait_until(lambda: stalling.aborted(stalling.prefill_ids()[0]), CLEAN_ERROR_SECONDS,
+                           "the prefill node told to abort")
+    finally:
+        cluster.stop()
+        stalling.stop()
