@@ -12,6 +12,7 @@ guard). The HTTP routes (server.py) only translate to and from these calls.
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from kvferry.engine import AsyncLLMEngine, RequestOutput, SamplingParams
 from kvferry.node.metrics import NodeMetrics
 from kvferry.node.runtime import NodeRuntime
 from kvferry.transfer.kv_connector import DestinationHandle, KVReceiver
+
+log = logging.getLogger(__name__)
 
 LEASE_SWEEP_SECONDS = 0.25
 
@@ -159,6 +162,8 @@ class DecodeConnector:
     def _lease_expired(self, request_id: str, _block_ids: list[int]) -> None:
         """The lease ended without its KV being claimed: free the blocks now (the stream waiting on it, if
         any, prefills locally; with none, nothing else would free them)."""
+        log.warning("the lease of %s ended before its KV was claimed (%.1f s): its blocks are freed", request_id,
+                    self.receiver.lease_seconds)
         self.engine.run_locked(lambda engine: engine.cancel_reservation(request_id))
         with self._lock:
             pending = self._reservations.pop(request_id, None)

@@ -31,8 +31,11 @@ MAX_TOKENS = 8
 @pytest.fixture(scope="module")
 def cluster(tiny_models):
     loopback = ["--host", LOOPBACK]
+    # A lease long enough that the reservation test_the_token_opens_the_internal_api aborts is still open on
+    # a loaded machine (the cluster's 2 s lease once ended first in CI, and the abort found nothing).
     cluster = DisaggregatedCluster(
-        tiny_models["llama"], cluster_token=CLUSTER_TOKEN, role_flags={"prefill": loopback, "decode": loopback},
+        tiny_models["llama"], cluster_token=CLUSTER_TOKEN,
+        role_flags={"prefill": loopback, "decode": [*loopback, "--lease", "30"]},
         router_flags=["--api-key", API_KEY, "--metrics-auth", "--host", LOOPBACK],
     )
     yield cluster
