@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
 
+from kvferry.closing_response import ClosingStreamingResponse
 from kvferry.internal_api import SamplingSpec
 from kvferry.router.admission.limit import Admission
 from kvferry.router.admission.plugins import PluginChain, PluginContext
@@ -22,7 +23,6 @@ from kvferry.router.api.errors import APIError, overloaded
 from kvferry.router.api.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingFields
 from kvferry.router.api.prompts import PromptEncoder
 from kvferry.router.api.responses import Choice, ResponseShape, sse
-from kvferry.router.api.sse_response import SSEResponse
 from kvferry.router.api.streams import merge_streams
 from kvferry.router.discovery.cluster import ClusterState
 from kvferry.router.discovery.nodes import NodeView
@@ -94,7 +94,7 @@ class CompletionService:
                 streaming = True
                 events = self._sse(shape, merged, first, len(subs), sum(prompt_lens), include_usage, context, arrived)
                 await anext(events)  # started: from here on, closing it runs its cleanup
-                return SSEResponse(events, media_type="text/event-stream")
+                return ClosingStreamingResponse(events, media_type="text/event-stream")
             whole = await until_disconnected(request, self._collect(shape, merged, len(subs), sum(prompt_lens), context, arrived))
             status = 200
             return JSONResponse(whole)

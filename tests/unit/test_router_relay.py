@@ -10,8 +10,8 @@ import pytest
 from aiohttp.base_protocol import BaseProtocol
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from kvferry.closing_response import ClosingStreamingResponse
 from kvferry.router.api.responses import ResponseShape, sse
-from kvferry.router.api.sse_response import SSEResponse
 from kvferry.router.dispatch.node_streams import ndjson_batches
 from kvferry.router.metrics import TOKEN_GAP_BUCKETS, BulkHistogram
 
@@ -105,7 +105,7 @@ def test_a_client_that_leaves_stops_the_stream_and_its_cleanup_runs():
                 if len(sent) == 3:
                     left.set()
 
-        await asyncio.wait_for(SSEResponse(body(), media_type="text/event-stream")({"type": "http"}, receive, send), 5)
+        await asyncio.wait_for(ClosingStreamingResponse(body(), media_type="text/event-stream")({"type": "http"}, receive, send), 5)
 
     asyncio.run(serve())
     assert cleaned.is_set() and 3 <= len(sent) < 10
@@ -124,7 +124,7 @@ def test_a_stream_that_fails_fails_its_response():
         async def send(message: dict) -> None:
             pass
 
-        await SSEResponse(body())({"type": "http"}, receive, send)
+        await ClosingStreamingResponse(body())({"type": "http"}, receive, send)
 
     with pytest.raises(RuntimeError, match="node gone"):
         asyncio.run(serve())
