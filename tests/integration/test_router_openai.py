@@ -251,11 +251,15 @@ def _stats(url: str) -> dict:
     return httpx.get(f"{url}/stats", headers={"Authorization": f"Bearer {API_KEY}"}).json()
 
 
-def test_disaggregated_colocated_and_fallback_paths_give_the_same_greedy_tokens(cluster):
-    body = {"model": "llama", "prompt": list(range(40, 90)), "max_tokens": 8, "temperature": 0, "ignore_eos": True}
-    tokens = {name: httpx.post(f"{cluster[name]}/v1/completions", json=body, timeout=60).json()["choices"][0]["token_ids"]
+# Seeded: the decode node samples every token, the first too, from one generator, whichever path the prompt
+# took (a prefill node, its own prefill, or its fallback after a prefill node failed).
+@pytest.mark.parametrize("sampling", [{"temperature": 0}, {"temperature": 1.0, "seed": 7, "n": 3}], ids=["greedy", "seeded"])
+def test_disaggregated_colocated_and_fallback_paths_give_the_same_tokens(cluster, sampling):
+    body = {"model": "llama", "prompt": list(range(40, 90)), "max_tokens": 8, "ignore_eos": True, **sampling}
+    tokens = {name: [c["token_ids"] for c in httpx.post(f"{cluster[name]}/v1/completions", json=body, timeout=60).json()["choices"]]
               for name in ("router", "colocated", "dead_prefill")}
-    assert tokens["router"] == tokens["colocated"] == tokens["dead_prefill"] and len(tokens["router"]) == 8
+    assert tokens["router"] == tokens["colocated"] == tokens["dead_prefill"]
+    assert [len(choice) for choice in tokens["router"]] == [8] * sampling.get("n", 1)
     assert _stats(cluster["router"])["local_prefill_fallbacks"] == 0, [
         line for line in httpx.get(f"{cluster['router']}/metrics").text.splitlines() if "fallbacks_total{" in line]
     dead = _stats(cluster["dead_prefill"])
