@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -98,6 +99,27 @@ def test_decode_node_killed_under_16_streams_every_stream_completes_with_the_und
         assert record.text == text, f"stream {index} differs from its undisturbed run"
     # Those it was decoding, and any whose KV it was waiting for.
     assert cluster.metric("router", 'kvferry:router_migrations_total{outcome="migrated"}') >= running
+
+
+def test_a_drained_decode_node_hands_its_streams_over_and_every_stream_completes(two_by_two):
+    """SIGTERM (a pod deleted, a node drained): the decode node stops taking requests and ends its streams
+    when its graceful-shutdown period (3 s) is over; the router migrates each of them like a lost one."""
+    cluster = two_by_two
+    expected = _undisturbed(cluster.router)
+    records = [StreamRecord() for _ in range(STREAMS)]
+    with ThreadPoolExecutor(STREAMS) as pool:
+        futures = [pool.submit(_read_stream, cluster.router, i, records[i]) for i in range(STREAMS)]
+        cluster.wait_until(lambda: cluster.stats("decode-0")["running"] >= MID_STREAM, 60,
+                           lambda: f"decode-0 decoding {MID_STREAM} streams: {cluster.stats('decode-0')['running']}")
+        cluster.send_signal("decode-0", signal.SIGTERM)
+        # Its streams are cut at the end of the grace period, so the node is gone soon, whatever they had left.
+        cluster.wait_until(lambda: cluster.exited("decode-0"), 15, "decode-0 gone after its drain")
+        done = [f.result(timeout=120) for f in futures]
+    for index, (record, text) in enumerate(zip(done, expected, strict=True)):
+        assert record.errors == [], f"stream {index}: {record.errors}"
+        assert record.completion_tokens == MAX_TOKENS, f"stream {index}"
+        assert record.text == text, f"stream {index} differs from its undisturbed run"
+    assert cluster.metric("router", 'kvferry:router_migrations_total{outcome="migrated"}') >= 1
 
 
 def test_the_only_decode_node_killed_ends_its_stream_with_a_clean_error_at_once(tiny_models):

@@ -136,6 +136,10 @@ class DisaggregatedCluster:
     def send_signal(self, name: str, signum: int) -> None:
         os.kill(dict(self.local.processes)[name].pid, signum)
 
+    def exited(self, name: str) -> bool:
+        """The process has ended (a signal it was sent, a drain that finished)."""
+        return dict(self.local.processes)[name].poll() is not None
+
     def kill(self, name: str) -> None:
         self.local.kill(name)
 
