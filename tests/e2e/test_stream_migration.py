@@ -9,6 +9,7 @@ import random
 import signal
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -74,14 +75,15 @@ def two_by_two(tiny_models):
     cluster.stop()
 
 
-def test_decode_node_killed_under_16_streams_every_stream_completes_with_the_undisturbed_text(two_by_two):
-    cluster = two_by_two
+def _every_stream_survives(cluster: DisaggregatedCluster, disrupt: Callable[[], None]) -> int:
+    """16 streams through the router; once decode-0 decodes MID_STREAM of them (others may still be prefilling
+    or travelling into it), `disrupt` takes it away. Every stream must complete with its undisturbed text and
+    all its tokens, no error event. Returns how many decode-0 was decoding."""
     expected = _undisturbed(cluster.router)
     records = [StreamRecord() for _ in range(STREAMS)]
     with ThreadPoolExecutor(STREAMS) as pool:
         futures = [pool.submit(_read_stream, cluster.router, i, records[i]) for i in range(STREAMS)]
-        # Mid-stream: decode-0 decodes several streams, and others may still be prefilling or travelling into
-        # it (a decode node lost while a prefill node works ends that prefill call at once).
+
         def decode_0_running() -> int:
             running = cluster.stats("decode-0")["running"]
             return running if running >= MID_STREAM else 0
@@ -91,35 +93,32 @@ def test_decode_node_killed_under_16_streams_every_stream_completes_with_the_und
             lambda: f"decode-0 decoding {MID_STREAM} streams: {cluster.stats('decode-0')['running']} running, "
                     f"{sum(1 for r in records if r.events)} of {STREAMS} streams with tokens",
         )
-        cluster.kill("decode-0")
+        disrupt()
         done = [f.result(timeout=120) for f in futures]
     for index, (record, text) in enumerate(zip(done, expected, strict=True)):
         assert record.errors == [], f"stream {index}: {record.errors}"
         assert record.completion_tokens == MAX_TOKENS, f"stream {index}"
         assert record.text == text, f"stream {index} differs from its undisturbed run"
+    return running
+
+
+def test_decode_node_killed_under_16_streams_every_stream_completes_with_the_undisturbed_text(two_by_two):
+    running = _every_stream_survives(two_by_two, lambda: two_by_two.kill("decode-0"))
     # Those it was decoding, and any whose KV it was waiting for.
-    assert cluster.metric("router", 'kvferry:router_migrations_total{outcome="migrated"}') >= running
+    assert two_by_two.metric("router", 'kvferry:router_migrations_total{outcome="migrated"}') >= running
 
 
 def test_a_drained_decode_node_hands_its_streams_over_and_every_stream_completes(two_by_two):
     """SIGTERM (a pod deleted, a node drained): the decode node stops taking requests and ends its streams
     when its graceful-shutdown period (3 s) is over; the router migrates each of them like a lost one."""
-    cluster = two_by_two
-    expected = _undisturbed(cluster.router)
-    records = [StreamRecord() for _ in range(STREAMS)]
-    with ThreadPoolExecutor(STREAMS) as pool:
-        futures = [pool.submit(_read_stream, cluster.router, i, records[i]) for i in range(STREAMS)]
-        cluster.wait_until(lambda: cluster.stats("decode-0")["running"] >= MID_STREAM, 60,
-                           lambda: f"decode-0 decoding {MID_STREAM} streams: {cluster.stats('decode-0')['running']}")
-        cluster.send_signal("decode-0", signal.SIGTERM)
+
+    def drain() -> None:
+        two_by_two.send_signal("decode-0", signal.SIGTERM)
         # Its streams are cut at the end of the grace period, so the node is gone soon, whatever they had left.
-        cluster.wait_until(lambda: cluster.exited("decode-0"), 15, "decode-0 gone after its drain")
-        done = [f.result(timeout=120) for f in futures]
-    for index, (record, text) in enumerate(zip(done, expected, strict=True)):
-        assert record.errors == [], f"stream {index}: {record.errors}"
-        assert record.completion_tokens == MAX_TOKENS, f"stream {index}"
-        assert record.text == text, f"stream {index} differs from its undisturbed run"
-    assert cluster.metric("router", 'kvferry:router_migrations_total{outcome="migrated"}') >= 1
+        two_by_two.wait_until(lambda: two_by_two.exited("decode-0"), 15, "decode-0 gone after its drain")
+
+    _every_stream_survives(two_by_two, drain)
+    assert two_by_two.metric("router", 'kvferry:router_migrations_total{outcome="migrated"}') >= 1
 
 
 def test_the_only_decode_node_killed_ends_its_stream_with_a_clean_error_at_once(tiny_models):
