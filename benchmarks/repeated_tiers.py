@@ -4,8 +4,9 @@ Not a test and not in CI: a bounded loop (--runs, and --hours, after which no ne
 `pytest TIERS` in a process of its own, on the checkout as it is. A run that fails is recorded with the
 names of its failing tests and the tail of their reports, and the loop goes on: the point is how often
 each fails, not the first failure. The result is written after every run, so a loop cut short keeps what
-it measured; --append adds to the runs already recorded for the same code (the last commit outside docs/
-and benchmarks/), so runs of several sittings add up.
+it measured; --append adds to the runs already recorded for the same code (the last commit that changed
+anything the tiers run: outside docs/, benchmarks/ and the tiers they leave out), so runs of several
+sittings add up.
 
     .venv/bin/python -m benchmarks.repeated_tiers                # 10 runs -> benchmarks/results/repeated_tiers.json
     .venv/bin/python -m benchmarks.repeated_tiers --runs 3 --hours 1.5 --append
@@ -117,9 +118,10 @@ def _write(args: argparse.Namespace, commit: str, rows: list[dict[str, Any]]) ->
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # The last commit that changed what the tiers run: one that only touches docs or benchmarks (results, this
-    # script) leaves runs comparable.
-    code = (".", ":!docs", ":!benchmarks")
+    # The last commit that changed what the tiers run: one that only touches docs, benchmarks (results, this
+    # script) or the tiers left out (the pods and GPU tests import from e2e, never the other way) leaves runs
+    # comparable.
+    code = (".", ":!docs", ":!benchmarks", ":!tests/pods", ":!tests/gpu")
     commit = _git("log", "-1", "--format=%H", "--", *code) + ("-dirty" if _git("status", "--porcelain", "--untracked-files=no", "--", *code) else "")
     path = output_dir(args) / "repeated_tiers.json"
     rows = _earlier_runs(path, commit) if args.append else []
