@@ -24,13 +24,15 @@ class Peers:
         cached = self._endpoints.get(peer)
         if address is None and (refresh or cached is None):
             try:
-                record = self._registry.lookup(peer)
+                record, missing = self._registry.lookup(peer), "is not in the registry"
             except RegistryUnavailableError as exc:
-                if cached is not None:  # Redis restarting: a known peer keeps its last address
-                    return cached[1]
-                raise PeerUnreachableError(f"peer {peer!r} cannot be looked up: {exc}") from exc
+                record, missing = None, f"cannot be looked up: {exc}"
             if record is None:
-                raise PeerUnreachableError(f"peer {peer!r} is not in the registry")
+                # Redis restarting, or restarted empty until the peer's next heartbeat writes its record
+                # again: a known peer keeps its last address (if it is gone, the operation fails on it).
+                if cached is not None:
+                    return cached[1]
+                raise PeerUnreachableError(f"peer {peer!r} {missing}")
             address = bytes.fromhex(str(record["address"]))
         if cached is not None and (address is None or cached[0] == address):
             return cached[1]

@@ -14,6 +14,7 @@ from support.peer_process import PeerProcess
 from support.transfer_peer import block_digests, fill_random, make_pool
 
 from kvferry.kvcache.kv_pool import KVPool
+from kvferry.kvcache.node_registry import RedisRegistry
 from kvferry.transfer import (
     LayoutMismatchError,
     PeerUnreachableError,
@@ -170,6 +171,19 @@ def test_handshake_to_a_closed_peer_fails_fast(redis_url, local_engine, peers, r
         engine.handshake(name)
     assert time.monotonic() - started < 1.5
     with pytest.raises(PeerUnreachableError, match="not in the registry"):
+        engine.handshake("nobody-by-this-name")
+
+
+def test_a_known_peer_whose_record_vanished_keeps_its_last_address(redis_url, local_engine, peers, request):
+    """Redis restarted empty (a Redis pod replaced): until the peer's next heartbeat writes its record again
+    (5 s), a sender that knew it goes on with its last address instead of failing the transfer."""
+    engine, _ = local_engine("prefill")
+    name = f"decode-{request.node.name}"
+    peers(name, redis_url)
+    engine.handshake(name)
+    RedisRegistry(redis_url).remove(name)
+    engine.handshake(name)
+    with pytest.raises(PeerUnreachableError, match="not in the registry"):  # one it never knew: no address
         engine.handshake("nobody-by-this-name")
 
 
