@@ -72,8 +72,8 @@ class PrefillConnector:
             kv_bytes = await asyncio.to_thread(self.sender.send_blocks, request_id, final.kv_block_ids or [], handle)
         except LayoutMismatchError:
             raise  # refused before any byte moved: a configuration error, not a failed transfer
-        except TransferError:
-            self.metrics.transfer_failures.inc()
+        except TransferError as exc:
+            self.metrics.transfer_failed(exc.reason)
             raise
         finally:
             self._sending.discard(request_id)

@@ -57,7 +57,8 @@ class NodeMetrics:
         self.prefix_hits = counter("kvferry:prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache")
         self.transfer_bytes = counter("kvferry:kv_transfer_bytes", "KV bytes sent to decode nodes")
         self.received_bytes = counter("kvferry:kv_received_bytes", "KV bytes received from prefill nodes")
-        self.transfer_failures = counter("kvferry:kv_transfer_failures", "KV transfers that failed")
+        self._transfer_failures = Counter("kvferry:kv_transfer_failures", "KV transfers that failed, by cause",
+                                          [*labels, "reason"], registry=self.registry)
         self.local_prefills = counter("kvferry:local_prefills", "Prompts a decode node prefilled itself")
         self.aborts = counter("kvferry:aborted_requests", "Running requests aborted (client gone, router cancel)")
         self.cancelled_reservations = counter("kvferry:cancelled_reservations", "Reserved KV given up before decoding")
@@ -71,6 +72,10 @@ class NodeMetrics:
         )
         self._labels = labels
         add_asyncio_tasks_gauge(self.registry, labels)
+
+    def transfer_failed(self, reason: str) -> None:
+        """A KV transfer failed; `reason` is the transfer error's (peer_unreachable, timeout, ...)."""
+        self._transfer_failures.labels(**self._labels, reason=reason).inc()
 
     def observe_ttft(self, phase: str, seconds: float) -> None:
         if phase not in TTFT_PHASES:
