@@ -36,9 +36,17 @@ POD_IP_ENV = "POD_IP"
 GPU_RESOURCE = "nvidia.com/gpu"
 
 # Loading weights takes minutes on a large model; the startup probe holds liveness off until then.
-_STARTUP_PROBE = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 60}
-_LIVENESS_PROBE = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3}
-_READINESS_PROBE = {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5, "failureThreshold": 2}
+# Timeouts are seconds, not Kubernetes' default of one: a busy node or router answers a probe late, and
+# slow is not dead. With one second, a router on a 2-core node where a decode container was being OOM-killed
+# failed three liveness probes and was restarted, failing every request in flight and all that came
+# until it was back (tests/pods/test_real_pods_faults.py). A dead process refuses the connection at once
+# whatever the timeout, and a deleted pod leaves discovery before any probe.
+_STARTUP_PROBE = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 60,
+                  "timeoutSeconds": 5}
+_LIVENESS_PROBE = {"httpGet": {"path": "/health", "port": "http"}, "periodSeconds": 10, "failureThreshold": 3,
+                   "timeoutSeconds": 10}
+_READINESS_PROBE = {"httpGet": {"path": "/ready", "port": "http"}, "periodSeconds": 5, "failureThreshold": 2,
+                    "timeoutSeconds": 5}
 
 
 def _downward_env() -> dict[str, dict[str, Any]]:
