@@ -15,6 +15,9 @@ class Peers:
         self._worker = worker
         self._registry = registry
         self._endpoints: dict[str, tuple[bytes, Any]] = {}
+        # The last address each peer had, kept when its endpoint is dropped (a timed-out operation drops it):
+        # what a new endpoint connects to while the registry cannot say.
+        self._addresses: dict[str, bytes] = {}
         self._rkeys: dict[str, dict[str, int]] = {}  # peer -> packed remote key -> unpacked, per endpoint
 
     def endpoint(self, peer: str, address: bytes | None = None, refresh: bool = False) -> Any:
@@ -23,22 +26,27 @@ class Peers:
         inside an operation use the cache, or the address the peer sent."""
         cached = self._endpoints.get(peer)
         if address is None and (refresh or cached is None):
-            try:
-                record, missing = self._registry.lookup(peer), "is not in the registry"
-            except RegistryUnavailableError as exc:
-                record, missing = None, f"cannot be looked up: {exc}"
-            if record is None:
-                # Redis restarting, or restarted empty until the peer's next heartbeat writes its record
-                # again: a known peer keeps its last address (if it is gone, the operation fails on it).
-                if cached is not None:
-                    return cached[1]
-                raise PeerUnreachableError(f"peer {peer!r} {missing}")
-            address = bytes.fromhex(str(record["address"]))
+            address = self._current_address(peer)
         if cached is not None and (address is None or cached[0] == address):
             return cached[1]
         endpoint = self._worker.connect(address)  # a restarted peer has a new address: a new endpoint
         self._endpoints[peer] = (address, endpoint)
+        self._addresses[peer] = address
         return endpoint
+
+    def _current_address(self, peer: str) -> bytes:
+        """The peer's address from the registry. While Redis restarts, or is back empty until the peer's next
+        heartbeat writes its record again, a peer known before keeps its last address (if it is gone, the
+        operation fails on it, as it would have anyway)."""
+        try:
+            record, missing = self._registry.lookup(peer), "is not in the registry"
+        except RegistryUnavailableError as exc:
+            record, missing = None, f"cannot be looked up: {exc}"
+        if record is not None:
+            return bytes.fromhex(str(record["address"]))
+        if peer in self._addresses:
+            return self._addresses[peer]
+        raise PeerUnreachableError(f"peer {peer!r} {missing}")
 
     def drop(self, peer: str) -> None:
         """Forget the endpoint to `peer` and the remote keys on it; closing it cancels its requests."""
