@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import pytest
 from cluster.fixtures import require_binaries
 from pods.real_node import IMAGE_IMPORT_S, NODE_START_S, PodsNode, kvferry_image, missing_prerequisites
+from pods.served_cluster import ServedCluster, install
 
 DEFAULT_TEST_TIMEOUT_S = 600  # pyproject.toml's pytest timeout, which the first test's setup would exceed
 
@@ -33,6 +34,12 @@ def pods_node() -> Iterator[PodsNode]:
         yield node
     finally:
         node.down()
+
+
+@pytest.fixture(scope="session")
+def served(pods_node: PodsNode) -> ServedCluster:
+    """The example cluster, installed once for the tier; test_real_pods_teardown.py takes it down."""
+    return install(pods_node)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

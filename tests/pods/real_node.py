@@ -82,6 +82,15 @@ class PodsNode(KubeTools):
     def down(self) -> None:
         self._node_script("down", timeout=NODE_START_S)
 
+    def container_pid(self, container_id: str) -> int:
+        """The host's process id of a running container's first process (containerd's task)."""
+        socket = self.workdir / "containerd" / "containerd.sock"
+        listing = subprocess.run(["ctr", "--address", str(socket), "-n", "k8s.io", "tasks", "ls"], check=True,
+                                 capture_output=True, text=True, timeout=60).stdout
+        pids = [int(fields[1]) for fields in map(str.split, listing.splitlines()[1:]) if fields[0] == container_id]
+        assert len(pids) == 1, f"container {container_id} among containerd's tasks:\n{listing}"
+        return pids[0]
+
     def leftovers(self) -> list[str]:
         """Processes, mounts, network namespaces, interfaces and firewall chains the node left behind."""
         found = []

@@ -1,0 +1,122 @@
+"""The cluster the pods tier serves from: the chart installed with Helm, `examples/inferencecluster.yaml`
+applied, and a test's view of it (the e2e tests' namespace view, plus the router and the pods' own HTTP).
+
+One cluster serves the whole tier (installing it takes minutes): the test modules run in name order, each
+leaving it as the next expects: test_real_pods.py (the main path, ending with two decode pods),
+test_real_pods_faults.py (the fault matrix, ending with one), test_real_pods_teardown.py (uninstall).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import httpx
+import yaml
+from cluster.waiting import wait_until
+from e2e.kube_cluster import Cluster
+from pods.real_node import REPO, PodsNode
+from support.disaggregated_cluster import idle
+
+CHART = REPO / "charts" / "kvferry"
+EXAMPLE = REPO / "examples" / "inferencecluster.yaml"
+NAMESPACE = "kvferry"
+RELEASE = "kvferry"
+CLUSTER = yaml.safe_load(EXAMPLE.read_text())["metadata"]["name"]
+SERVED_NAME = yaml.safe_load(EXAMPLE.read_text())["spec"]["model"]["servedName"]
+NODE_PORT = 8000  # the nodes' and the router's container port (the operator's pod specs)
+# Pods load torch and the model on a 2-core machine that runs the tests too: minutes, not seconds.
+READY_S = 900
+# A node settles what a lost peer left within a lease (5 s) and a transfer timeout (2 s); a busy machine adds.
+IDLE_S = 60
+
+
+@dataclass
+class ServedCluster(Cluster):
+    """The e2e tests' namespace view (kubectl, get, items, status) over the real node, plus the router."""
+
+    kube: PodsNode  # the real node: kubectl and helm, and its container runtime
+
+    @cached_property
+    def router(self) -> str:
+        """http://<the router Service's cluster IP>:<port> (the operator makes the Service)."""
+        service = json.loads(self.kubectl("get", "service", f"{CLUSTER}-router", "-o", "json").stdout)
+        return f"http://{service['spec']['clusterIP']}:{service['spec']['ports'][0]['port']}"
+
+    def ready_pods(self, role: str) -> list[dict[str, Any]]:
+        def ready(pod: dict[str, Any]) -> bool:
+            conditions = pod.get("status", {}).get("conditions") or []
+            deleting = pod["metadata"].get("deletionTimestamp")
+            return not deleting and any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+        return [pod for pod in self.items("pods", f"kvferry.dev/cluster={CLUSTER},kvferry.dev/role={role}") if ready(pod)]
+
+    def wait_ready(self, decode: int = 1) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            status = self.status(CLUSTER)
+            ok = status.get("phase") == "Ready" and status.get("decode", {}).get("ready") == decode
+            return status if ok else None
+
+        def describe() -> str:
+            pods = self.kubectl("get", "pods", "-o", "wide", check=False).stdout
+            events = self.kubectl("get", "events", "--sort-by=.lastTimestamp", check=False).stdout[-3000:]
+            return f"{CLUSTER} Ready with {decode} decode pods; status {self.status(CLUSTER)}\n{pods}\n{events}"
+
+        return wait_until(describe, reached, READY_S, interval=2)
+
+    def metric(self, pod: dict[str, Any], name: str, **labels: str) -> float:
+        """The sum of a metric's samples on one pod, read from its /metrics over the pod network: those whose
+        labels include `labels` (`metric(router, "kvferry:router_migrations_total", outcome="migrated")`)."""
+        text = httpx.get(f"{_pod_url(pod)}/metrics", timeout=30).text
+        wanted = [f'{key}="{value}"' for key, value in labels.items()]
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith((name + "{", name + " ")) and all(label in line for label in wanted))
+
+    def stats(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """A node pod's /stats: what it runs, waits for, reserves and holds."""
+        return httpx.get(f"{_pod_url(pod)}/stats", timeout=30).json()
+
+    def wait_idle(self) -> None:
+        """Every ready prefill and decode pod holds nothing: no request, reservation, held KV, block or lease."""
+        def busy() -> dict[str, dict]:
+            pods = self.ready_pods("prefill") + self.ready_pods("decode")
+            stats = {pod["metadata"]["name"]: self.stats(pod) for pod in pods}
+            return {name: pod_stats for name, pod_stats in stats.items() if not idle(pod_stats)}
+
+        wait_until(lambda: f"every node pod idle; busy: {busy()}", lambda: not busy(), IDLE_S, interval=1)
+
+    def complete(self, prompt: str, max_tokens: int) -> str:
+        body = {"model": SERVED_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        response = httpx.post(f"{self.router}/v1/completions", json=body, timeout=120)
+        assert response.status_code == 200, response.text
+        return response.json()["choices"][0]["text"]
+
+    def diagnosis(self) -> str:
+        """For a failure's message: the router's last log lines and the namespace's warning events (a probe
+        that failed, a container killed)."""
+        logs = self.kubectl("logs", f"--selector=kvferry.dev/cluster={CLUSTER},kvferry.dev/role=router", "--tail=40",
+                            check=False).stdout
+        events = self.kubectl("get", "events", "--field-selector=type=Warning", "--sort-by=.lastTimestamp",
+                              check=False).stdout
+        return f"router log:\n{logs}\nwarning events:\n{events[-4000:]}"
+
+    def container_pid(self, pod: dict[str, Any]) -> int:
+        """The host's process id of the pod's (one) container: a way into its network namespace."""
+        [container] = pod["status"]["containerStatuses"]
+        return self.kube.container_pid(container["containerID"].removeprefix("containerd://"))
+
+
+def install(node: PodsNode) -> ServedCluster:
+    """`helm install` the chart, `kubectl apply` the example, and wait until it is Ready."""
+    node.helm("upgrade", "--install", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--create-namespace",
+              "--wait", "--timeout=10m")
+    cluster = ServedCluster(node, NAMESPACE)
+    cluster.kubectl("apply", "-f", str(EXAMPLE))
+    cluster.wait_ready()
+    return cluster
+
+
+def _pod_url(pod: dict[str, Any]) -> str:
+    return f"http://{pod['status']['podIP']}:{NODE_PORT}"
