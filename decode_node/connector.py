@@ -140,11 +140,17 @@ class DecodeConnector:
         if pending is not None:
             pending.aborted = True
             self.receiver.release(pending.handle)
-            pending.settle(KVOutcome.ABORTED)
-        if self.engine.run_locked(lambda engine: engine.cancel_reservation(request_id)):
-            self.metrics.cancelled_reservations.inc()
-            return True
-        return self.engine.abort(request_id)
+        try:
+            if self.engine.run_locked(lambda engine: engine.cancel_reservation(request_id)):
+                self.metrics.cancelled_reservations.inc()
+                return True
+            return self.engine.abort(request_id)
+        finally:
+            # Last: the decode stream this wakes gives up and aborts too, from another thread. Settled first,
+            # that second abort could free the reservation before this one, which then answered "nothing to
+            # abort" for what it had aborted (test_the_token_opens_the_internal_api, under load).
+            if pending is not None:
+                pending.settle(KVOutcome.ABORTED)
 
     def held(self) -> dict[str, int]:
         """Leases and reservations open now (a leak check: 0 on an idle node)."""
