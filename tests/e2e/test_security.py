@@ -31,8 +31,9 @@ MAX_TOKENS = 8
 @pytest.fixture(scope="module")
 def cluster(tiny_models):
     loopback = ["--host", LOOPBACK]
-    # A lease long enough that the reservation test_the_token_opens_the_internal_api aborts is still open on
-    # a loaded machine (the cluster's 2 s lease once ended first in CI, and the abort found nothing).
+    # A lease long enough that the reservation test_the_token_opens_the_internal_api aborts cannot expire
+    # first on a loaded machine, whatever the load: the abort must find it open. (Its failure in CI, once
+    # blamed on the 2 s lease, was a race between two aborts, fixed in decode_node/connector.py.)
     cluster = DisaggregatedCluster(
         tiny_models["llama"], cluster_token=CLUSTER_TOKEN,
         role_flags={"prefill": loopback, "decode": [*loopback, "--lease", "30"]},
