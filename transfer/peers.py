@@ -14,9 +14,9 @@ class Peers:
     def __init__(self, worker: UcxWorker, registry: PeerRegistry) -> None:
         self._worker = worker
         self._registry = registry
-        self._endpoints: dict[str, tuple[bytes, Any]] = {}
-        # The last address each peer had, kept when its endpoint is dropped (a timed-out operation drops it):
-        # what a new endpoint connects to while the registry cannot say.
+        self._endpoints: dict[str, Any] = {}
+        # The address each peer's endpoint was made for, kept when the endpoint is dropped (a timed-out
+        # operation drops it): what a new endpoint connects to while the registry cannot say.
         self._addresses: dict[str, bytes] = {}
         self._rkeys: dict[str, dict[str, int]] = {}  # peer -> packed remote key -> unpacked, per endpoint
 
@@ -27,10 +27,10 @@ class Peers:
         cached = self._endpoints.get(peer)
         if address is None and (refresh or cached is None):
             address = self._current_address(peer)
-        if cached is not None and (address is None or cached[0] == address):
-            return cached[1]
+        if cached is not None and (address is None or self._addresses[peer] == address):
+            return cached
         endpoint = self._worker.connect(address)  # a restarted peer has a new address: a new endpoint
-        self._endpoints[peer] = (address, endpoint)
+        self._endpoints[peer] = endpoint
         self._addresses[peer] = address
         return endpoint
 
@@ -54,7 +54,7 @@ class Peers:
             ucp_direct.destroy_rkey(rkey)
         cached = self._endpoints.pop(peer, None)
         if cached is not None:
-            cached[1].close()
+            cached.close()
 
     def remote_key(self, peer: str, endpoint: Any, packed: str) -> int:
         """A remote key `peer` sent (hex), unpacked on `endpoint` once and kept while the endpoint lives."""
