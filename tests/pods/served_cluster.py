@@ -66,6 +66,12 @@ class ServedCluster(Cluster):
 
         return wait_until(describe, reached, READY_S, interval=2)
 
+    def scale_decode(self, replicas: int) -> None:
+        """`spec.decode.replicas`, then wait until exactly that many decode pods are ready."""
+        self.patch_spec(CLUSTER, {"decode": {"replicas": replicas}})
+        self.wait_ready(decode=replicas)
+        wait_until(f"{replicas} decode pods ready", lambda: len(self.ready_pods("decode")) == replicas, 120)
+
     def metric(self, pod: dict[str, Any], name: str, **labels: str) -> float:
         """The sum of a metric's samples on one pod, read from its /metrics over the pod network: those whose
         labels include `labels` (`metric(router, "kvferry:router_migrations_total", outcome="migrated")`)."""

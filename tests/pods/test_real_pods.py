@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import openai
 from cluster.waiting import wait_until
-from pods.served_cluster import CHART, CLUSTER, NAMESPACE, RELEASE, SERVED_NAME, ServedCluster
+from pods.served_cluster import CHART, NAMESPACE, RELEASE, SERVED_NAME, ServedCluster
 from pods.serving_loop import ServingLoop, undisturbed_texts
 from support.real_model import RealModel
 
@@ -79,10 +79,8 @@ def test_kv_blocks_cross_from_the_prefill_pod_to_the_decode_pod(served: ServedCl
 
 
 def test_decode_scaled_to_two_pods_both_serve(served: ServedCluster) -> None:
-    served.kubectl("patch", "inferencecluster", CLUSTER, "--type=merge", "-p", '{"spec": {"decode": {"replicas": 2}}}')
-    served.wait_ready(decode=2)
+    served.scale_decode(2)
     pods = served.ready_pods("decode")
-    assert len(pods) == 2
     before = {pod["metadata"]["name"]: served.metric(pod, "kvferry:kv_received_bytes_total") for pod in pods}
 
     def both_received() -> bool:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from cluster.waiting import wait_until
-from pods.served_cluster import CLUSTER, READY_S, SERVED_NAME, ServedCluster
+from pods.served_cluster import READY_S, SERVED_NAME, ServedCluster
 from pods.serving_loop import Outcomes, ServingLoop, undisturbed_texts
 
 WORKERS = 4  # concurrent streams: enough that both decode pods decode while the fault strikes
@@ -46,16 +46,9 @@ time.sleep(60)
 """
 
 
-def _decode_replicas(served: ServedCluster, replicas: int) -> None:
-    served.kubectl("patch", "inferencecluster", CLUSTER, "--type=merge", "-p",
-                   f'{{"spec": {{"decode": {{"replicas": {replicas}}}}}}}')
-    served.wait_ready(decode=replicas)
-    wait_until(f"{replicas} decode pods", lambda: len(served.ready_pods("decode")) == replicas, 120)
-
-
 @pytest.fixture(scope="module")
 def expected(served: ServedCluster) -> dict[str, str]:
-    _decode_replicas(served, 2)  # as test_real_pods.py leaves it; set here too, so the module runs alone
+    served.scale_decode(2)  # as test_real_pods.py leaves it; set here too, so the module runs alone
     return undisturbed_texts(served.router, SERVED_NAME)
 
 
@@ -99,18 +92,18 @@ def _described(served: ServedCluster, outcomes: Outcomes) -> str:
     return f"{outcomes.described()}\n{served.diagnosis()}"
 
 
-def _two_ready_decode_pods_without(served: ServedCluster, old: dict[str, Any]) -> Callable[[], object]:
-    """Recovered from losing `old`: two decode pods ready, `old` not among them (the InferenceCluster's status
-    alone may still count `old` for a moment)."""
-    def recovered() -> object:
-        def ready() -> list[str]:
-            names = [pod["metadata"]["name"] for pod in served.ready_pods("decode")]
-            return names if len(names) == 2 and old["metadata"]["name"] not in names else []
+def _recovered(served: ServedCluster, count: int, gone: dict[str, Any] | None = None,
+               back: dict[str, Any] | None = None) -> Callable[[], object]:
+    """Recovered: `count` decode pods ready, `gone` not among them (the InferenceCluster's status alone may
+    still count a deleted pod for a moment), `back` among them (a container restarted in its pod)."""
+    def names() -> list[str]:
+        ready = [pod["metadata"]["name"] for pod in served.ready_pods("decode")]
+        ok = (len(ready) == count and (gone is None or gone["metadata"]["name"] not in ready)
+              and (back is None or back["metadata"]["name"] in ready))
+        return ready if ok else []
 
-        served.wait_ready(decode=2)
-        return wait_until("a replacement decode pod ready beside the other", ready, READY_S)
-
-    return recovered
+    return lambda: wait_until(f"{count} decode pods ready (without {gone and gone['metadata']['name']}, with "
+                              f"{back and back['metadata']['name']})", names, READY_S)
 
 
 def test_a_deleted_decode_pod_fails_no_stream_while_another_serves(served, expected, migrations) -> None:
@@ -123,7 +116,7 @@ def test_a_deleted_decode_pod_fails_no_stream_while_another_serves(served, expec
         served.kubectl("delete", "pod", victim["metadata"]["name"], "--wait=false")
 
     outcomes = _under_load(served, expected, "a decode pod deleted", delete,
-                           lambda: _two_ready_decode_pods_without(served, victim)())
+                           _recovered(served, 2, gone=victim))
     print(f"streams migrated: {migrations():.0f}")
     assert (outcomes.failed, outcomes.refused) == ([], []), _described(served, outcomes)
 
@@ -145,7 +138,7 @@ def test_a_drained_decode_pod_fails_no_stream(served, expected, migrations) -> N
             served.kube.kubectl("uncordon", node)
 
     outcomes = _under_load(served, expected, "a decode pod drained", drain,
-                           lambda: _two_ready_decode_pods_without(served, victim)())
+                           _recovered(served, 2, gone=victim))
     print(f"streams migrated: {migrations():.0f}")
     assert (outcomes.failed, outcomes.refused) == ([], []), _described(served, outcomes)
 
@@ -163,14 +156,8 @@ def test_an_oom_killed_decode_container_fails_no_stream(served, expected, migrat
         wait_until(lambda: f"the decode container OOM-killed: {last_termination()}",
                    lambda: last_termination().get("reason") == "OOMKilled", 60)
 
-    def restarted() -> object:  # the kubelet restarts the container in the same pod
-        def ready() -> bool:
-            names = [pod["metadata"]["name"] for pod in served.ready_pods("decode")]
-            return len(names) == 2 and victim["metadata"]["name"] in names
-
-        return wait_until("the OOM-killed decode container restarted and ready", ready, READY_S)
-
-    outcomes = _under_load(served, expected, "a decode container OOM-killed", oom, restarted)
+    outcomes = _under_load(served, expected, "a decode container OOM-killed", oom,
+                           _recovered(served, 2, back=victim))  # restarted in its pod
     assert (outcomes.failed, outcomes.refused) == ([], []), _described(served, outcomes)
     assert migrations() >= 1  # no grace: the streams it decoded were cut, and went on elsewhere
 
@@ -182,16 +169,11 @@ def test_a_restarted_redis_pod_fails_no_request(served, expected) -> None:
     a transfer that timed out on the loaded machine, as at any other time."""
     [prefill] = served.ready_pods("prefill")
     unreachable_before = served.metric(prefill, TRANSFER_FAILURES, reason="peer_unreachable")
-    [old] = served.items("pods", f"kvferry.dev/cluster={CLUSTER},kvferry.dev/role=redis")
+    [old] = served.ready_pods("redis")
 
     def new_redis_ready() -> object:
-        def ready() -> bool:
-            pods = served.items("pods", f"kvferry.dev/cluster={CLUSTER},kvferry.dev/role=redis")
-            return any(pod["metadata"]["name"] != old["metadata"]["name"] and any(
-                c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions") or [])
-                for pod in pods)
-
-        return wait_until("a new Redis pod ready", ready, READY_S)
+        return wait_until("a new Redis pod ready", lambda: [
+            pod for pod in served.ready_pods("redis") if pod["metadata"]["name"] != old["metadata"]["name"]], READY_S)
 
     outcomes = _under_load(served, expected, "Redis's pod restarted",
                            lambda: served.kubectl("delete", "pod", old["metadata"]["name"], "--wait=false"),
@@ -230,16 +212,12 @@ def test_a_partition_between_the_prefill_pod_and_a_decode_pod_fails_no_request(s
 
 
 def test_the_only_decode_pod_deleted_gives_clean_errors_fast_then_serves_again(served, expected) -> None:
-    _decode_replicas(served, 1)
+    served.scale_decode(1)
     [only] = served.ready_pods("decode")
-
-    def recovered() -> object:
-        return wait_until("a replacement decode pod ready", lambda: [
-            pod for pod in served.ready_pods("decode") if pod["metadata"]["name"] != only["metadata"]["name"]], READY_S)
 
     outcomes = _under_load(served, expected, "the only decode pod deleted",
                            lambda: served.kubectl("delete", "pod", only["metadata"]["name"], "--wait=false"),
-                           recovered, workers=2)
+                           _recovered(served, 1, gone=only), workers=2)
     assert outcomes.failed == [], _described(served, outcomes)
     assert outcomes.refused, "no request was refused while no decode pod served"
     assert outcomes.longest_wait_for_refusal_s < CLEAN_ERROR_S, _described(served, outcomes)
