@@ -29,6 +29,16 @@ def run_safely(fn: Callable[[], object]) -> None:
         log.exception("transfer engine loop step failed")
 
 
+def turn_safely(turn: Callable[[], bool]) -> bool:
+    """A turn that raised is logged, and counts as one with requests in flight (the next turn comes at once):
+    an exception out of a turn once ended this thread, and every later transfer of the node waited forever."""
+    try:
+        return turn()
+    except Exception:
+        log.exception("transfer engine turn failed")
+        return True
+
+
 class EngineLoop:
     def __init__(self, closing: threading.Event, idle_wait_ms: int) -> None:
         self._closing = closing
@@ -80,7 +90,7 @@ class EngineLoop:
         while not self._closing.is_set():
             while not self._commands.empty():
                 run_safely(self._commands.get())
-            if turn() or not self._commands.empty():
+            if turn_safely(turn) or not self._commands.empty():
                 worker.progress()  # our requests in flight move only while this thread progresses
             else:
                 # Only a peer's message (a reply, a write) or a command can come next: sleep in epoll

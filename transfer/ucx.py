@@ -13,6 +13,8 @@ from __future__ import annotations
 from ucxx._lib import libucxx as ucx
 from ucxx._lib.arr import Array
 
+from kvferry.transfer.errors import PeerUnreachableError
+
 Request = ucx.UCXRequest
 
 
@@ -40,8 +42,13 @@ class UcxWorker:
         return bytes(memoryview(self.worker.address))
 
     def connect(self, address: bytes) -> ucx.UCXEndpoint:
+        """An endpoint to the worker at `address`. An address whose process is gone fails here (UCX cannot
+        attach to its shared memory): raised as a transfer error, which every caller on the loop handles."""
         remote = ucx.UCXAddress.create_from_buffer(address)
-        return ucx.UCXEndpoint.create_from_worker_address(self.worker, remote, False)
+        try:
+            return ucx.UCXEndpoint.create_from_worker_address(self.worker, remote, False)
+        except ucx.UCXError as exc:
+            raise PeerUnreachableError(f"cannot connect to the worker at that address: {exc}") from exc
 
     def progress(self) -> None:
         self.worker.progress()

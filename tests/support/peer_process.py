@@ -17,6 +17,7 @@ REPO = TESTS.parent
 
 class PeerProcess:
     def __init__(self, name: str, registry: str, module: str = "support.transfer_peer", **options: object) -> None:
+        self.name = name
         args = [sys.executable, "-P", "-m", module, "--name", name, "--registry", registry]
         for key, value in options.items():
             args += [f"--{key.replace('_', '-')}", str(value)]
@@ -43,6 +44,11 @@ class PeerProcess:
 
     def resume(self) -> None:
         os.kill(self.process.pid, signal.SIGCONT)
+
+    def stopped(self) -> bool:
+        """It stopped itself (SIGSTOP): its state in /proc is T."""
+        stat = Path(f"/proc/{self.process.pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] == "T"
 
     def kill(self) -> None:
         if self.process.poll() is None:
