@@ -51,10 +51,11 @@ def _serve_node(args: argparse.Namespace) -> int:
         from kvferry.prefill_node.server import create_app
     else:
         from kvferry.decode_node.server import create_app
-    # A bounded graceful shutdown: keep-alive connections from a router must not hold a node up.
+    # A bounded graceful shutdown (--shutdown-grace): keep-alive connections from a router must not hold a node up.
     # The standard asyncio loop, which uvicorn would swap for uvloop (a router dependency): the nodes' engine and
     # transfer threads are tested against it, and only the router's per-token relay was measured to need uvloop.
-    uvicorn.run(create_app(runtime), host=config.host, port=config.port, log_level="warning", timeout_graceful_shutdown=3,
+    uvicorn.run(create_app(runtime), host=config.host, port=config.port, log_level="warning",
+                timeout_graceful_shutdown=config.shutdown_grace_seconds,
                 loop="asyncio")
     return 0
 

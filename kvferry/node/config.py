@@ -43,6 +43,9 @@ class NodeConfig:
     ucx_transports: tuple[str, ...] = ()  # UCX_TLS unless the environment sets it; empty: UCX chooses
     transfer_timeout_seconds: float = 2.0
     lease_seconds: float = 5.0
+    # After SIGTERM (a pod deleted, a node drained): how long streams may go on before they are cut; a router
+    # migrates a cut stream to another decode node. Kept under the pod's terminationGracePeriodSeconds.
+    shutdown_grace_seconds: float = 3.0
     # The shared secret every call to the internal API must bear; None: the internal API is open.
     # Kept out of repr, so that a logged config does not print it.
     cluster_token: str | None = field(default=None, repr=False)
@@ -106,6 +109,8 @@ def add_node_arguments(parser: argparse.ArgumentParser, role: str) -> None:
                         help="seconds before a KV transfer fails (default 2)")
     parser.add_argument("--lease", dest="lease_seconds", type=float, default=None,
                         help="seconds a decode node holds blocks for KV to arrive (default 5)")
+    parser.add_argument("--shutdown-grace", dest="shutdown_grace_seconds", type=float, default=None,
+                        help="seconds streams may go on after SIGTERM before they are cut (default 3)")
     parser.add_argument(
         "--cluster-token-file", default=None,
         help="file holding the token the internal API requires (a mounted Secret); default: env "

@@ -23,6 +23,7 @@ SEEDED = 4  # of them, sampled with a seed: they continue from the same sampler 
 MAX_TOKENS = 400
 CLEAN_ERROR_SECONDS = 5.0
 MID_STREAM = 4  # streams decode-0 decodes when it is killed
+DRAIN_GRACE_SECONDS = 0.5
 
 
 def _body(index: int, stream: bool) -> dict:
@@ -70,7 +71,10 @@ def _undisturbed(router: str) -> list[str]:
 
 @pytest.fixture
 def two_by_two(tiny_models):
-    cluster = DisaggregatedCluster(tiny_models["llama"], num_prefill=2, num_decode=2)
+    # A drained decode node cuts its streams after 0.5 s: 4 streams of 400 tokens cannot end in that time, on
+    # any machine; with the default 3 s, a quiet machine decoded all of them before the cut (no migration).
+    cluster = DisaggregatedCluster(tiny_models["llama"], num_prefill=2, num_decode=2,
+                                   role_flags={"decode": ["--shutdown-grace", str(DRAIN_GRACE_SECONDS)]})
     yield cluster
     cluster.stop()
 
@@ -109,8 +113,8 @@ def test_decode_node_killed_under_16_streams_every_stream_completes_with_the_und
 
 
 def test_a_drained_decode_node_hands_its_streams_over_and_every_stream_completes(two_by_two):
-    """SIGTERM (a pod deleted, a node drained): the decode node stops taking requests and ends its streams
-    when its graceful-shutdown period (3 s) is over; the router migrates each of them like a lost one."""
+    """SIGTERM (a pod deleted, a node drained): the decode node stops taking requests and cuts its streams
+    when its graceful-shutdown period (DRAIN_GRACE_SECONDS) is over; the router migrates each like a lost one."""
 
     def drain() -> None:
         two_by_two.send_signal("decode-0", signal.SIGTERM)
