@@ -28,8 +28,9 @@ class IncrementalDetokenizer:
     def _decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=self.skip_special_tokens)
 
-    def append(self, token_id: int) -> str | None:
-        """Add one generated token; returns the stop string it completed, if any (text is cut before it)."""
+    def append(self, token_id: int, find_stops: bool = True) -> str | None:
+        """Add one generated token; returns the stop string it completed, if any (text is cut before it).
+        Without find_stops (a sequence short of its min_tokens) its text is only added."""
         self.token_ids.append(token_id)
         prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(self.token_ids[self.prefix_offset :])
@@ -39,6 +40,9 @@ class IncrementalDetokenizer:
         # A token with no text of its own (a skipped special token, an id past the tokenizer's vocabulary)
         # moves the window on too: held back, every later step would decode an ever longer window.
         self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
+        if not find_stops:
+            self.text += delta
+            return None
         return self._add_text(delta) if delta else None
 
     def flush(self) -> None:

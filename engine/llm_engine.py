@@ -158,13 +158,15 @@ class LLMEngine:
             raise ValueError("n must be 1 for a request whose KV cache moves to another node")
         text, token_ids = self.tokenize_prompt(prompt)
         self._validate_prompt(token_ids + resumed)
+        eos = frozenset() if params.ignore_eos else self.generation_defaults.eos_token_ids
+        end_tokens = frozenset(params.stop_token_ids) | eos
         seqs = []
         for index in range(params.n):
             generator = None
             if params.seed is not None:
                 generator = torch.Generator(self.device).manual_seed(params.seed + index)
             detokenizer = IncrementalDetokenizer(self.tokenizer.tokenizer, params.stop_strings, params.skip_special_tokens)
-            seqs.append(Sequence(request_id, index, token_ids, params, detokenizer, generator))
+            seqs.append(Sequence(request_id, index, token_ids, params, detokenizer, generator, end_tokens))
             if resumed:
                 seqs[-1].resume(resumed, self.model_config.vocab_size)
         request = Request(request_id, text, token_ids, seqs, hold_kv)
@@ -367,7 +369,7 @@ class LLMEngine:
 
     def _detokenize(self, seq: Sequence, token: int) -> None:
         """Add the sequence's last token to its text and finish the sequence if that token ends it."""
-        stop_string = seq.detokenizer.append(token)
+        stop_string = seq.detokenizer.append(token, find_stops=seq.may_end)
         reason, stop_reason = self._finish_reason(seq, token, stop_string)
         if not reason:
             return
@@ -389,10 +391,8 @@ class LLMEngine:
 
     def _finish_reason(self, seq: Sequence, token: int, stop_string: str | None) -> tuple[str | None, str | int | None]:
         params = seq.params
-        if token in params.stop_token_ids:
-            return "stop", token
-        if not params.ignore_eos and token in self.generation_defaults.eos_token_ids:
-            return "stop", None
+        if token in seq.end_token_ids:  # sampled only once the sequence may end
+            return "stop", token if token in params.stop_token_ids else None
         if stop_string is not None:
             return "stop", stop_string
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:

@@ -43,6 +43,15 @@ def apply_penalties(logits: torch.Tensor, seqs: list[Sequence]) -> None:
         logits[row] -= params.presence_penalty * (output_counts > 0).to(logits.dtype)
 
 
+def hold_back_ends(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """A sequence short of its min_tokens cannot sample a token that would end it (EOS, its stop_token_ids)."""
+    vocab = logits.shape[1]
+    for row, seq in enumerate(seqs):
+        if not seq.may_end:
+            ends = [token for token in seq.end_token_ids if token < vocab]
+            logits[row, ends] = float("-inf")
+
+
 def _filtered_probs(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     device = logits.device
     temperatures = torch.tensor([s.params.temperature or 1.0 for s in seqs], device=device)
@@ -118,9 +127,10 @@ def sample_async(logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
     that samples this step."""
     wants_logprobs = [s.params.logprobs for s in seqs]
     raw_logprobs = logits.log_softmax(dim=-1) if any(w is not None for w in wants_logprobs) else None
-    if any(s.params.needs_penalties for s in seqs):
+    if any(s.params.needs_penalties or not s.may_end for s in seqs):
         logits = logits.clone()
         apply_penalties(logits, seqs)
+        hold_back_ends(logits, seqs)
     token_ids = logits.argmax(dim=-1)
     random_rows = [row for row, s in enumerate(seqs) if not s.params.greedy]
     if random_rows:

@@ -20,6 +20,9 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     max_tokens: int = 16
+    # Outputs before an end may come: EOS and stop_token_ids are masked out of the sampler, and stop strings
+    # are not looked for, until the sequence has this many (vLLM's min_tokens).
+    min_tokens: int = 0
     logprobs: int | None = None  # how many top alternatives to return beside each sampled token
     skip_special_tokens: bool = True
 
@@ -52,6 +55,7 @@ class SamplingParams:
             ("frequency_penalty", -2.0 <= self.frequency_penalty <= 2.0, "must be in [-2, 2]"),
             ("repetition_penalty", self.repetition_penalty > 0.0, "must be > 0"),
             ("max_tokens", self.max_tokens >= 1, "must be at least 1"),
+            ("min_tokens", 0 <= self.min_tokens <= self.max_tokens, f"must be in [0, max_tokens={self.max_tokens}]"),
             ("logprobs", self.logprobs is None or self.logprobs >= 0, "must be >= 0"),
             ("stop_token_ids", all(t >= 0 for t in self.stop_token_ids), "must be non-negative token ids"),
         ]

@@ -29,6 +29,7 @@ class Sequence:
         params: SamplingParams,
         detokenizer: IncrementalDetokenizer,
         generator: torch.Generator | None,
+        end_token_ids: frozenset[int] = frozenset(),
     ) -> None:
         self.seq_id = next(_sequence_ids)
         self.request_id = request_id
@@ -38,6 +39,7 @@ class Sequence:
         self.params = params
         self.detokenizer = detokenizer
         self.generator = generator
+        self.end_token_ids = end_token_ids  # the tokens that end it: its stop_token_ids, and EOS unless ignored
         self.status = SequenceStatus.WAITING
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []  # hashes of the leading full blocks, grown as tokens are computed
@@ -67,6 +69,11 @@ class Sequence:
         self.resumed_text_chars = len(self.detokenizer.visible_text(finished=False))
         if self.generator is not None and not self.params.greedy:
             skip_seeded_draws(self.generator, vocab_size, len(output_token_ids))
+
+    @property
+    def may_end(self) -> bool:
+        """It has its min_tokens outputs: an end token may be sampled, stop strings are looked for."""
+        return self.num_output_tokens >= self.params.min_tokens
 
     @property
     def num_tokens(self) -> int:

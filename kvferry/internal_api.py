@@ -36,6 +36,7 @@ class SamplingSpec(_Strict):
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     max_tokens: int = 16
+    min_tokens: int = 0
     logprobs: int | None = None
 
     def to_params(self, **overrides: Any) -> SamplingParams:

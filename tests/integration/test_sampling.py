@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from kvferry.engine import SamplingParams
 
@@ -59,6 +60,46 @@ def test_stop_token_ids_and_max_tokens(tiny_models, make_llm):
     first = run.token_ids.index(stop_token)
     assert completion.token_ids == run.token_ids[: first + 1]
     assert (completion.finish_reason, completion.stop_reason) == ("stop", stop_token)
+
+
+def test_min_tokens_holds_back_every_end_as_transformers_does(tiny_models, make_llm):
+    """min_tokens masks EOS and the stop_token_ids until the output has that many tokens, as transformers'
+    min_new_tokens does: the greedy outputs agree token for token."""
+    from transformers import AutoModelForCausalLM
+
+    llm = make_llm(tiny_models["qwen3"], max_model_len=256)
+    prompt = PROMPTS[2]["prompt_token_ids"]
+    free = llm.generate(PROMPTS[2], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
+    stop_token = free.token_ids[1]
+    early = llm.generate(PROMPTS[2], SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop_token]))[0].outputs[0]
+    assert len(early.token_ids) <= 2 and early.finish_reason == "stop"
+    held = llm.generate(PROMPTS[2], SamplingParams(temperature=0, max_tokens=12, min_tokens=6, stop_token_ids=[stop_token]))
+    ours = held[0].outputs[0].token_ids
+    assert len(ours) >= 6 and stop_token not in ours[:6]
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_models["qwen3"], dtype=torch.float32).eval()
+    ends = [stop_token, *sorted(llm.engine.generation_defaults.eos_token_ids)]
+    with torch.no_grad():
+        reference = model.generate(torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=6, do_sample=False,
+                                   eos_token_id=ends, pad_token_id=ends[0])
+    assert ours == reference[0, len(prompt):].tolist()
+
+
+def test_stop_strings_are_not_looked_for_before_min_tokens(tiny_models, make_llm):
+    llm = make_llm(tiny_models["llama"], max_model_len=256)
+    free = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0].outputs[0]
+    stop = free.text[:3]
+    assert len(stop) == 3
+    cut = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop=[stop]))[0].outputs[0]
+    assert cut.finish_reason == "stop" and cut.text == ""
+    held = SamplingParams(temperature=0, max_tokens=12, min_tokens=12, ignore_eos=True, stop=[stop])
+    completion = llm.generate(PROMPTS[1], held)[0].outputs[0]
+    assert (completion.token_ids, completion.text, completion.finish_reason) == (free.token_ids, free.text, "length")
+
+
+def test_min_tokens_beyond_max_tokens_is_refused_by_name():
+    with pytest.raises(ValueError, match="min_tokens must be in"):
+        SamplingParams(max_tokens=4, min_tokens=5)
 
 
 def test_n_returns_distinct_sequences_with_logprobs(tiny_models, make_llm):
