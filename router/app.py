@@ -100,7 +100,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
         scheduler=Scheduler(config.resolve_policy(), pd=pd),
         migration=Migration(flow, metrics, config.max_migrations),
         metrics=metrics, plugins=load_plugins(config.plugins), admission=admission,
-        default_max_tokens=config.default_max_tokens,
+        default_max_tokens=config.default_max_tokens, unsupported_fields=config.unsupported_fields,
     )
     started = int(time.time())
 

@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from kvferry.cluster_config import ClusterConfig, load_cluster_config
 from kvferry.router.scheduling.policies import POLICIES, Policy
 
+# What a request field kvferry does not implement gets: a 400 naming it (OpenAI's way), or a logged warning.
+UnsupportedFields = Literal["reject", "warn"]
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -80,6 +83,7 @@ class RouterConfig(_Section):
     # never, or auto: from the measured costs, with this threshold of uncached tokens until measured.
     disaggregation: Literal["always", "auto", "never"] = "always"
     disaggregation_min_tokens: int = Field(256, ge=0)
+    unsupported_fields: UnsupportedFields = "reject"
 
     @model_validator(mode="after")
     def _known_policy(self) -> RouterConfig:

@@ -5,6 +5,7 @@ response (whole or SSE), with its metrics."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import random
 import time
 import uuid
@@ -18,12 +19,19 @@ from kvferry.closing_response import ClosingStreamingResponse
 from kvferry.internal_api import SamplingSpec
 from kvferry.router.admission.limit import Admission
 from kvferry.router.admission.plugins import PluginChain, PluginContext
+from kvferry.router.api.best_of import most_likely
 from kvferry.router.api.disconnect import ClientDisconnected, until_disconnected
 from kvferry.router.api.errors import APIError, overloaded
-from kvferry.router.api.openai_schema import ChatCompletionRequest, CompletionRequest, SamplingFields
+from kvferry.router.api.openai_schema import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingFields,
+    unsupported_fields,
+)
 from kvferry.router.api.prompts import PromptEncoder
 from kvferry.router.api.responses import Choice, ResponseShape, sse
 from kvferry.router.api.streams import merge_streams
+from kvferry.router.config import UnsupportedFields
 from kvferry.router.discovery.cluster import ClusterState
 from kvferry.router.discovery.nodes import NodeView
 from kvferry.router.dispatch.migration import Migration
@@ -35,6 +43,20 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 SMALLEST_TOP_P = 1e-6
 MAX_CHOICES = 64  # prompts x n in one request: each is its own node request
 CLIENT_LEFT = 499  # nginx's status for a client that closed the connection first
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request ready for the nodes: its choices, and what shapes their answer."""
+
+    shape: ResponseShape
+    prompt_tokens: int  # of every prompt, for usage
+    subs: list[SubRequest]
+    context: PluginContext
+    echoes: list[str] | None  # echo: the prompt's text, per generated choice
+    num_prompts: int
+    returned_per_prompt: int  # n; fewer than generated with best_of
 
 
 @dataclass(frozen=True)
@@ -61,7 +83,8 @@ def sampling_spec(body: SamplingFields, max_tokens: int, logprobs: int | None) -
         min_p=given(body.min_p, 0.0), seed=body.seed, presence_penalty=given(body.presence_penalty, 0.0),
         frequency_penalty=given(body.frequency_penalty, 0.0), repetition_penalty=given(body.repetition_penalty, 1.0),
         stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
-        stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos, max_tokens=max_tokens, logprobs=logprobs,
+        stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos, max_tokens=max_tokens,
+        min_tokens=body.min_tokens or 0, logprobs=logprobs,
     )
     try:
         spec.to_params()  # the engine's own checks, before any node is called
@@ -73,29 +96,30 @@ def sampling_spec(body: SamplingFields, max_tokens: int, logprobs: int | None) -
 class CompletionService:
     def __init__(self, *, model: str, encoder: PromptEncoder, cluster: ClusterState, lookup: PrefixLookup,
                  scheduler: Scheduler, migration: Migration, metrics: RouterMetrics, plugins: PluginChain,
-                 admission: Admission, default_max_tokens: int | None) -> None:
+                 admission: Admission, default_max_tokens: int | None, unsupported_fields: UnsupportedFields) -> None:
         self.model, self.encoder, self.cluster, self.scheduler = model, encoder, cluster, scheduler
         self.lookup, self.migration, self.metrics, self.plugins = lookup, migration, metrics, plugins
-        self.admission, self.default_max_tokens = admission, default_max_tokens
+        self.admission, self.default_max_tokens, self.unsupported_fields = admission, default_max_tokens, unsupported_fields
 
     async def serve(self, body: CompletionRequest | ChatCompletionRequest, request: Request) -> Response:
         arrived = time.perf_counter()
         if body.model != self.model:
             raise APIError(404, f"The model `{body.model}` does not exist; this router serves `{self.model}`",
                            param="model", code="model_not_found")
+        self._check_fields(body)
         self.admission.enter()
         streaming, status = False, 500
         try:
-            shape, prompt_lens, subs, context = self._prepare(body)
-            merged = merge_streams(await self._open_streams(subs))
+            prepared = self._prepare(body)
+            merged = merge_streams(await self._open_streams(prepared.subs))
             if body.stream:
                 include_usage = bool(body.stream_options and body.stream_options.include_usage)
                 first = await until_disconnected(request, self._first(merged))
                 streaming = True
-                events = self._sse(shape, merged, first, len(subs), sum(prompt_lens), include_usage, context, arrived)
+                events = self._sse(prepared, merged, first, include_usage, arrived)
                 await anext(events)  # started: from here on, closing it runs its cleanup
                 return ClosingStreamingResponse(events, media_type="text/event-stream")
-            whole = await until_disconnected(request, self._collect(shape, merged, len(subs), sum(prompt_lens), context, arrived))
+            whole = await until_disconnected(request, self._collect(prepared, merged, arrived))
             status = 200
             return JSONResponse(whole)
         except ClientDisconnected:
@@ -109,9 +133,21 @@ class CompletionService:
                 self.admission.leave()
                 self.metrics.request_done(status)
 
-    async def _collect(self, shape: ResponseShape, merged: AsyncIterator[tuple[int, list[dict]]], num_choices: int,
-                       prompt_tokens: int, context: PluginContext, arrived: float) -> dict:
-        choices = [Choice(index) for index in range(num_choices)]
+    def _check_fields(self, body: SamplingFields) -> None:
+        """Fields kvferry does not implement: refused by name, as OpenAI refuses unknown parameters, or (the
+        router's `unsupported_fields: warn`) logged, as vLLM does; never dropped unseen."""
+        unsupported = unsupported_fields(body)
+        if not unsupported:
+            return
+        if self.unsupported_fields == "warn":
+            log.warning("ignored what kvferry does not support in a request: %s", ", ".join(unsupported))
+            return
+        raise APIError(400, f"Unsupported parameter(s): {', '.join(unsupported)}: kvferry does not implement "
+                       f"{'them' if len(unsupported) > 1 else 'it'}", param=unsupported[0], code="unsupported_parameter")
+
+    async def _collect(self, prepared: Prepared, merged: AsyncIterator[tuple[int, list[dict]]], arrived: float) -> dict:
+        shape, context = prepared.shape, prepared.context
+        choices = [Choice(index) for index in range(len(prepared.subs))]
         clock = _TokenClock(self.metrics, arrived)
         try:
             async for index, batch in merged:
@@ -126,44 +162,67 @@ class CompletionService:
             clock.flush()
         for choice in choices:
             choice.text = self.plugins.on_output(context, choice.text)
+            if prepared.echoes is not None:
+                choice.text = prepared.echoes[choice.index] + choice.text
         clock.done()
-        return shape.whole(choices, prompt_tokens)
+        # Usage counts every token generated, the best_of choices left out too (each was computed).
+        completion_tokens = sum(len(choice.token_ids) for choice in choices)
+        generated = len(choices) // prepared.num_prompts
+        if generated > prepared.returned_per_prompt:
+            choices = most_likely(choices, generated, prepared.returned_per_prompt)
+        return shape.whole(choices, prepared.prompt_tokens, completion_tokens)
 
-    def _prepare(self, body: CompletionRequest | ChatCompletionRequest) -> tuple[ResponseShape, list[int], list[SubRequest], PluginContext]:
+    def _prepare(self, body: CompletionRequest | ChatCompletionRequest) -> Prepared:
+        echoes = None
         if isinstance(body, ChatCompletionRequest):
-            context = PluginContext("chat", body.model, messages=[{"role": m.role, "content": m.text()} for m in body.messages])
+            context = PluginContext("chat", body.model, messages=[{"role": m.role, "content": m.text()} for m in body.messages],
+                                    user=body.user)
             self.plugins.on_request(context)
             context.prompt_token_ids = [self.encoder.chat(context.messages or [])]
             requested = body.max_completion_tokens or body.max_tokens or self.default_max_tokens
             logprobs = (body.top_logprobs or 0) if body.logprobs else None
+            generated = body.n
         else:
-            if body.echo:
-                raise APIError(400, "echo is not supported", param="echo")
             prompts = [body.prompt] if isinstance(body.prompt, str) or _is_token_list(body.prompt) else list(body.prompt)
             if not prompts:
                 raise APIError(400, "the prompt list is empty", param="prompt")
-            context = PluginContext("completion", body.model, prompts=prompts)  # type: ignore[arg-type]
+            context = PluginContext("completion", body.model, prompts=prompts, user=body.user)  # type: ignore[arg-type]
             self.plugins.on_request(context)
             context.prompt_token_ids = [self.encoder.completion(p) for p in context.prompts or []]
             requested, logprobs = body.max_tokens, body.logprobs
+            generated = _generated_per_prompt(body)
+            if body.echo:
+                echoes = self._echoes(body, context, generated)
         self.plugins.on_tokens(context)
         prompt_ids = [self.encoder.check(ids) for ids in context.prompt_token_ids]
         max_model_len = min([self.encoder.max_model_len]
                             + [n.max_model_len for n in self.cluster.views() if n.max_model_len])
-        if len(prompt_ids) * body.n > MAX_CHOICES:
-            raise APIError(400, f"{len(prompt_ids)} prompts x n={body.n} is more than {MAX_CHOICES} choices", param="n")
+        if len(prompt_ids) * generated > MAX_CHOICES:
+            raise APIError(400, f"{len(prompt_ids)} prompts x {generated} choices each is more than {MAX_CHOICES}",
+                           param="best_of" if generated > body.n else "n")
+        # best_of ranks its choices by their tokens' logprobs: the sampled token's at least (0 alternatives).
+        node_logprobs = (logprobs or 0) if generated > body.n else logprobs
         subs = []
         for prompt_index, ids in enumerate(prompt_ids):
-            spec = sampling_spec(body, self.encoder.max_tokens(len(ids), requested, max_model_len), logprobs)
-            for j in range(body.n):
+            spec = sampling_spec(body, self.encoder.max_tokens(len(ids), requested, max_model_len), node_logprobs)
+            for j in range(generated):
                 # A seeded request's choices differ from each other and repeat from run to run, as the
                 # engine seeds its own n > 1 sequences (seed + index); unseeded choices must differ too.
-                seed = spec.seed + j if spec.seed is not None else (random.getrandbits(62) if body.n > 1 else None)
-                subs.append(SubRequest(prompt_index * body.n + j, prompt_index, ids, spec.model_copy(update={"seed": seed})))
+                seed = spec.seed + j if spec.seed is not None else (random.getrandbits(62) if generated > 1 else None)
+                subs.append(SubRequest(prompt_index * generated + j, prompt_index, ids, spec.model_copy(update={"seed": seed})))
         kind = "chat" if isinstance(body, ChatCompletionRequest) else "completion"
         shape = ResponseShape(kind, f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                               self.model, logprobs, self.encoder.token_text)
-        return shape, [len(ids) for ids in prompt_ids], subs, context
+        return Prepared(shape, sum(len(ids) for ids in prompt_ids), subs, context, echoes, len(prompt_ids), body.n)
+
+    def _echoes(self, body: CompletionRequest, context: PluginContext, generated: int) -> list[str]:
+        """Each generated choice's prompt text: the prompt as given (after plugins), a token prompt decoded."""
+        if body.logprobs is not None:
+            raise APIError(400, "echo with logprobs needs the prompt's logprobs, which kvferry does not compute",
+                           param="echo")
+        texts = [p if isinstance(p, str) else self.encoder.text(ids)
+                 for p, ids in zip(context.prompts or [], context.prompt_token_ids or [], strict=True)]
+        return [text for text in texts for _ in range(generated)]
 
     async def _open_streams(self, subs: list[SubRequest]) -> list[AsyncIterator[list[dict]]]:
         """Schedule each choice (one prefix lookup per prompt) and open its node stream (the nodes are called
@@ -206,11 +265,10 @@ class CompletionService:
         except StopAsyncIteration:
             return None
 
-    async def _sse(self, shape: ResponseShape, merged: AsyncIterator[tuple[int, list[dict]]],
-                   first: tuple[int, list[dict]] | None, num_choices: int, prompt_tokens: int, include_usage: bool,
-                   context: PluginContext, arrived: float) -> AsyncIterator[bytes]:
-        status = 200
-        events = _EventWriter(shape, self.plugins, context, num_choices, include_usage)
+    async def _sse(self, prepared: Prepared, merged: AsyncIterator[tuple[int, list[dict]]],
+                   first: tuple[int, list[dict]] | None, include_usage: bool, arrived: float) -> AsyncIterator[bytes]:
+        status, shape, num_choices = 200, prepared.shape, len(prepared.subs)
+        events = _EventWriter(shape, self.plugins, prepared.context, num_choices, include_usage)
         clock = _TokenClock(self.metrics, arrived)
         try:
             async with contextlib.aclosing(merged):  # type: ignore[type-var]
@@ -219,6 +277,8 @@ class CompletionService:
                 yield b""
                 if shape.kind == "chat":
                     yield b"".join(sse(shape.chunk([shape.role_delta(index)], include_usage)) for index in range(num_choices))
+                if prepared.echoes is not None:  # each choice starts with its prompt (no logprobs: _echoes)
+                    yield b"".join(shape.text_event(index, text, include_usage) for index, text in enumerate(prepared.echoes))
                 if first is not None:
                     clock.tick(*first)
                     yield events.batch(*first)
@@ -227,7 +287,7 @@ class CompletionService:
                     clock.tick(index, batch)
                     yield events.batch(index, batch)
             if include_usage:
-                yield sse(shape.usage_chunk(prompt_tokens, events.completion_tokens))
+                yield sse(shape.usage_chunk(prepared.prompt_tokens, events.completion_tokens))
             clock.done()
         except APIError as exc:  # the stream is open: report in-band, as OpenAI does
             status = exc.status
@@ -267,6 +327,17 @@ class _EventWriter:
                                                             self.offsets[index])], with_usage)))
             self.offsets[index] += len(text)
         return b"".join(events)
+
+
+def _generated_per_prompt(body: CompletionRequest) -> int:
+    """n, or best_of: OpenAI's rules for it (at least n, never streamed)."""
+    if body.best_of is None:
+        return body.n
+    if body.best_of < body.n:
+        raise APIError(400, f"best_of ({body.best_of}) must be at least n ({body.n})", param="best_of")
+    if body.stream and body.best_of > body.n:
+        raise APIError(400, "best_of cannot be streamed: the best choices are known only at the end", param="best_of")
+    return body.best_of
 
 
 def _is_token_list(prompt: object) -> bool:

@@ -89,6 +89,8 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
                         help="seconds a prompt's blocks count as cached on the node they were sent to (default 30; 0: off)")
     parser.add_argument("--max-model-len", type=int, default=None, help="default: the nodes' reports, else config.json")
     parser.add_argument("--default-max-tokens", type=int, default=None, help="chat without max_tokens (default: the rest of the context)")
+    parser.add_argument("--unsupported-fields", choices=("reject", "warn"), default=None,
+                        help="request fields kvferry does not implement: a 400 naming them (default) or a logged warning")
 
 
 def _selector(text: str | None) -> dict[str, str] | None:
@@ -116,6 +118,7 @@ def router_config_from(args: argparse.Namespace) -> RouterConfig:
         "routing_history_seconds": args.routing_history,
         "cluster_token_file": args.cluster_token_file,
         "default_max_tokens": args.default_max_tokens,
+        "unsupported_fields": args.unsupported_fields,
         "discovery": {"mode": args.discovery, "prefill": args.prefill, "decode": args.decode, "namespace": args.namespace,
                       "selectors": selectors or None, "port": args.node_port, "kubeconfig": args.kubeconfig},
     }

@@ -31,6 +31,7 @@ class PluginContext:
     messages: list[dict[str, str]] | None = None  # chat: role and text content
     prompts: list[str | list[int]] | None = None  # completion: text or token ids per prompt
     prompt_token_ids: list[list[int]] | None = None  # set once tokenized, before on_tokens
+    user: str | None = None  # the request's `user`: the end user, as the client names them
     metadata: dict[str, Any] = field(default_factory=dict)  # for plugins to pass notes to their later hooks
 
 

@@ -13,14 +13,19 @@ MAX_LOGPROBS = 20
 MAX_INT32 = 2**31 - 1
 
 
-class StreamOptions(BaseModel):
+class _Open(BaseModel):
+    """A body part that keeps the fields it does not declare (model_extra): unsupported_fields names them, and
+    the router refuses them (or logs them, `unsupported_fields: warn`) rather than dropping them unseen."""
+
+    # Kept, to be named; the schema says what the router does by default: such a field is refused.
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
+
+
+class StreamOptions(_Open):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
-    # Clients send fields we do not use (user, logit_bias, ...): ignored, as OpenAI-compatible servers do.
-    model_config = ConfigDict(extra="ignore")
-
+class SamplingFields(_Open):
     model: str
     n: int = Field(1, ge=1, le=MAX_N)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -34,27 +39,26 @@ class SamplingFields(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, ge=0.01, le=10.0)  # smaller ones overflow the logits
     ignore_eos: bool = False
+    min_tokens: int | None = Field(None, ge=0, le=MAX_INT32)  # vLLM's: outputs before EOS or a stop may come
     stream: bool = False
     stream_options: StreamOptions | None = None
+    user: str | None = None  # the end user, as the client names them: plugins see it (PluginContext.user)
 
 
 class CompletionRequest(SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
-    echo: bool = False
+    echo: bool = False  # the prompt's text before each choice's
+    best_of: int | None = Field(None, ge=1, le=MAX_N)  # choices generated; the n most likely are returned
 
 
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ContentPart(_Open):
     type: str
     text: str | None = None
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
+class ChatMessage(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -62,7 +66,7 @@ class ChatMessage(BaseModel):
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        return "".join(part.text or "" for part in self.content if part.type == "text")
+        return "".join(part.text or "" for part in self.content)  # text parts only (unsupported_fields)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -71,6 +75,22 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+
+def unsupported_fields(part: BaseModel, path: str = "") -> list[str]:
+    """Where `part` (a request body) holds what kvferry does not implement, as paths ("tools",
+    "messages[0].tool_calls", "messages[1].content[0].type=image_url"): fields no model declares, and content
+    parts other than text."""
+    found = [f"{path}type={part.type}"] if isinstance(part, ContentPart) and part.type != "text" else []
+    found += [f"{path}{name}" for name in part.model_extra or {}]
+    for name in type(part).model_fields:
+        value = getattr(part, name)
+        items = enumerate(value) if isinstance(value, list) else [(None, value)]
+        for index, item in items:
+            if isinstance(item, BaseModel):
+                where = f"{path}{name}" + (f"[{index}]" if index is not None else "")
+                found += unsupported_fields(item, f"{where}.")
+    return found
 
 
 class Usage(BaseModel):

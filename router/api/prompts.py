@@ -73,5 +73,9 @@ class PromptEncoder:
             )
         return requested
 
+    def text(self, token_ids: list[int]) -> str:
+        """A token prompt as text (echo), special tokens left out as the nodes leave them out of outputs."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)

@@ -93,7 +93,7 @@ class ResponseShape:
             return chat_logprobs(token_ids, entries, self.logprobs, self.token_text)
         return completion_logprobs(token_ids, entries, self.logprobs, self.token_text, offset)
 
-    def whole(self, choices: list[Choice], prompt_tokens: int) -> dict[str, Any]:
+    def whole(self, choices: list[Choice], prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
         rendered = []
         for choice in choices:
             logprobs = self._logprobs(choice.token_ids, choice.logprobs, 0)
@@ -104,7 +104,6 @@ class ResponseShape:
                 body["text"] = choice.text
             body["token_ids"] = choice.token_ids  # beyond OpenAI: tests compare tokens exactly
             rendered.append(body)
-        completion_tokens = sum(len(choice.token_ids) for choice in choices)
         return {"id": self.request_id, "object": self.object_name, "created": self.created, "model": self.model,
                 "choices": rendered, "usage": usage(prompt_tokens, completion_tokens)}
 

@@ -29,6 +29,7 @@ from schemathesis.specs.openapi.checks import (
 )
 from support.fake_node import StallingPrefillNode
 from support.redis_server import free_port
+from tokenizers import Tokenizer
 
 pytestmark = pytest.mark.slow
 STARTUP_SECONDS = 180
@@ -120,6 +121,7 @@ def cluster(tiny_models, redis_url, tmp_path_factory, stalling_prefill) -> Itera
         "schema": [*nodes, "--max-model-len", "48", "--redis-url", redis_url],
         "stalled": ["--prefill", stalling_prefill.url, *nodes, "--router-config", str(short_prefill)],
         "auto_pd": ["--prefill", urls["prefill-0"], *nodes, "--router-config", str(auto_pd)],
+        "permissive": [*nodes, "--unsupported-fields", "warn"],
     }
     for name, args in routers.items():
         urls[name] = f"http://127.0.0.1:{free_port()}"
@@ -207,6 +209,74 @@ def test_bad_requests_raise_the_clients_error_classes(cluster):
     too_big = httpx.post(f"{cluster['router']}/v1/completions", content=b"x" * (2 << 20),
                          headers={"content-type": "application/json"})
     assert too_big.status_code == 413 and too_big.json()["error"]["type"] == "invalid_request_error"
+
+
+UNSUPPORTED = {
+    "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+    "response_format": {"response_format": {"type": "json_object"}},
+    "logit_bias": {"logit_bias": {"5": 10}},
+    "messages[0].tool_calls": {"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]},
+    "messages[0].content[0].type=image_url": {"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
+    "stream_options.continuous_usage_stats": {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+}
+
+
+@pytest.mark.parametrize("field", list(UNSUPPORTED))
+def test_a_field_kvferry_does_not_implement_is_refused_by_name(cluster, field):
+    """Never dropped without a word: a 400 that names the field (the client's BadRequestError), or, on a router
+    set to `unsupported_fields: warn`, an answer and a line in its log."""
+    body = {"model": "llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2, **UNSUPPORTED[field]}
+    refused = httpx.post(f"{cluster['router']}/v1/chat/completions", json=body, timeout=60)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert (error["param"], error["code"]) == (field, "unsupported_parameter") and field in error["message"]
+    answered = httpx.post(f"{cluster['permissive']}/v1/chat/completions", json=body, timeout=60)
+    assert answered.status_code == 200, answered.text
+
+
+def test_echo_puts_the_prompt_before_each_choice_whole_and_streamed(cluster, tiny_models):
+    api = client(cluster["router"])
+    plain = api.completions.create(model="llama", prompt="The cat sat on", max_tokens=5, **GREEDY).choices[0].text
+    echoed = api.completions.create(model="llama", prompt="The cat sat on", max_tokens=5, echo=True, **GREEDY)
+    assert echoed.choices[0].text == "The cat sat on" + plain and echoed.usage.completion_tokens == 5
+    streamed = api.completions.create(model="llama", prompt="The cat sat on", max_tokens=5, echo=True, stream=True, **GREEDY)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == echoed.choices[0].text
+    tokenizer = Tokenizer.from_file(str(tiny_models["llama"] / "tokenizer.json"))
+    ids = tokenizer.encode("Once upon a time", add_special_tokens=False).ids
+    by_ids = api.completions.create(model="llama", prompt=ids, max_tokens=3, echo=True, **GREEDY).choices[0].text
+    assert by_ids.startswith(tokenizer.decode(ids)) and len(by_ids) > len(tokenizer.decode(ids))
+    with pytest.raises(openai.BadRequestError, match="echo with logprobs"):
+        api.completions.create(model="llama", prompt="x", max_tokens=2, echo=True, logprobs=1)
+
+
+def test_min_tokens_holds_back_a_stop_token(cluster):
+    api = client(cluster["router"])
+    first = api.completions.create(model="llama", prompt="Numbers:", max_tokens=8, **GREEDY).choices[0]
+    stop = {"stop_token_ids": [first.token_ids[0]]}
+    stopped = api.completions.create(model="llama", prompt="Numbers:", max_tokens=8, temperature=0, extra_body=stop)
+    assert stopped.choices[0].finish_reason == "stop" and stopped.usage.completion_tokens == 1
+    held = api.completions.create(model="llama", prompt="Numbers:", max_tokens=8, temperature=0,
+                                  extra_body={**stop, "min_tokens": 4}).choices[0]
+    assert len(held.token_ids) >= 4 and first.token_ids[0] not in held.token_ids[:4]
+    with pytest.raises(openai.BadRequestError, match="min_tokens"):
+        api.completions.create(model="llama", prompt="x", max_tokens=2, extra_body={"min_tokens": 3})
+
+
+def test_best_of_returns_the_most_likely_of_its_choices(cluster):
+    """best_of=3 with a seed generates what n=3 with that seed does (choice j is seeded seed + j) and returns
+    the one whose tokens' logprobs sum highest; usage counts all three."""
+    api = client(cluster["router"])
+    sampled = {"temperature": 1.0, "seed": 21, "extra_body": {"ignore_eos": True}}
+    three = api.completions.create(model="llama", prompt="Colors:", max_tokens=6, n=3, logprobs=0, **sampled)
+    likeliest = max(three.choices, key=lambda c: sum(c.logprobs.token_logprobs))
+    best = api.completions.create(model="llama", prompt="Colors:", max_tokens=6, best_of=3, user="agent-7", **sampled)
+    assert [(c.index, c.text, c.logprobs) for c in best.choices] == [(0, likeliest.text, None)]
+    assert best.usage.completion_tokens == three.usage.completion_tokens == 18
+    with pytest.raises(openai.BadRequestError, match="best_of"):
+        api.completions.create(model="llama", prompt="x", max_tokens=2, n=3, best_of=2)
+    with pytest.raises(openai.BadRequestError, match="cannot be streamed"):
+        api.completions.create(model="llama", prompt="x", max_tokens=2, best_of=2, stream=True)
 
 
 def _counters(url: str, family: str) -> dict[str, float]:
