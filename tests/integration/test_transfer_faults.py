@@ -125,21 +125,24 @@ def test_receiver_that_stops_mid_transfer_fails_the_send_in_time_and_recovers_wh
 
 
 def test_a_receiver_killed_after_accepting_a_write_leaves_the_sender_working(redis_url, local_engine, peers, request):
-    """The write is past its ready when the receiver dies (SIGKILL; its registry record stays behind): at the
-    deadline the sender tells the dead peer it gave up, over a new endpoint to an address nobody owns. That
-    connect fails (UCX cannot attach to the dead process's shared memory); it must fail as a transfer
-    error, not end the engine's loop thread, which would leave every later transfer of the node waiting."""
+    """Every put of the write has landed and the writer waits for the receiver's done when the receiver dies
+    (SIGKILL; its registry record stays behind): at the deadline the sender tells the dead peer it gave up,
+    over a new endpoint to an address nobody owns. That connect fails (UCX cannot attach to the dead
+    process's shared memory); it must fail as a transfer error, not end the engine's loop thread, which
+    would leave every later transfer of the node waiting. (Stopped at the ready instead, under load the
+    kill could come before the puts and fail them, a path without the abort.)"""
     engine, pool = local_engine("prefill", timeout_seconds=1.0)
     fill_random(pool, seed=11)
+    KVSender(engine, pool, "tiny")  # registers the pool's memory with the engine
     name = f"decode-{request.node.name}"
-    receiver = peers(name, redis_url, module=FAULTY, stop_after_ready=1)
+    receiver = peers(name, redis_url, module=FAULTY, stop_at_complete=1)
     handle = DestinationHandle.from_json(receiver.call("expect", request_id="r", block_ids=list(range(1, 60)))["handle"])
     write = engine.batch_transfer_write_async(name, [pool.tensor.data_ptr()], [handle.base_address + pool.block_bytes()],
                                               [pool.block_bytes()], token=handle.token)
     deadline = time.monotonic() + 5
     while not receiver.stopped() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert receiver.stopped(), "the receiver did not stop after its write_ready"
+    assert receiver.stopped(), "the receiver did not stop at the write's complete"
     receiver.kill()
     with pytest.raises(TransferTimeoutError):
         write.result(timeout=5)

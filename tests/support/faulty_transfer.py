@@ -9,6 +9,8 @@ Those puts are not issued, so their bytes are really missing until a retry sends
 puts were issued and may have landed, but a failed flush confirms none of them).
 --stop-after-ready N: the N-th write this peer accepts, it answers with write_ready and then stops itself
 (SIGSTOP) before it can acknowledge: a peer that stops answering mid-transfer. SIGCONT resumes it.
+--stop-at-complete N: the N-th write_complete that reaches this peer (every put of that write has landed),
+it stops itself before handling it: the writer waits for a write_done that does not come.
 Everything else is the engine's real code over real UCX.
 """
 
@@ -98,14 +100,31 @@ def stop_after_ready(nth: int) -> None:
     TransferEngine._dispatch = dispatch  # type: ignore[method-assign]
 
 
+def stop_at_complete(nth: int) -> None:
+    original = TransferEngine._dispatch
+    left = [nth]
+
+    def dispatch(self: TransferEngine, message: ControlMessage) -> None:
+        if message.kind == "write_complete":
+            left[0] -= 1
+            if left[0] == 0:  # every put has landed; stopped before it can acknowledge
+                os.kill(os.getpid(), signal.SIGSTOP)
+                time.sleep(0.1)  # (as in stop_after_ready: the stop reaches this thread at its next syscall)
+        original(self, message)
+
+    TransferEngine._dispatch = dispatch  # type: ignore[method-assign]
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--fail-puts", type=int, default=0)
     parser.add_argument("--fail-flushes", type=int, default=0)
     parser.add_argument("--stop-after-ready", type=int, default=0)
+    parser.add_argument("--stop-at-complete", type=int, default=0)
     options, peer_argv = parser.parse_known_args()
     fail_puts(options.fail_puts)
     fail_flushes(options.fail_flushes)
     stop_after_ready(options.stop_after_ready)
+    stop_at_complete(options.stop_at_complete)
     sys.argv = [sys.argv[0], *peer_argv]
     transfer_peer.main()
