@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 import torch
@@ -14,6 +16,7 @@ from kvferry.engine.detokenizer import IncrementalDetokenizer
 from kvferry.engine.devices import make_current
 from kvferry.engine.engine_args import EngineArgs
 from kvferry.engine.generation_config import GenerationDefaults
+from kvferry.engine.grammar import GrammarCompiler
 from kvferry.engine.kv_budget import num_kv_blocks
 from kvferry.engine.model import CausalLM
 from kvferry.engine.model_config import ModelConfig
@@ -88,6 +91,7 @@ class LLMEngine:
         self.generation_defaults = GenerationDefaults.from_dir(self.model_dir, self.model_config, self.tokenizer)
         self.max_model_len = min(args.max_model_len or 8192, self.model_config.max_position_embeddings)
         self.served_model_name = args.served_model_name or self.model_dir.name
+        self.log = logging.getLogger(__name__)
 
         cfg = self.model_config
         self.pool_layout = KVPoolLayout(
@@ -166,12 +170,19 @@ class LLMEngine:
             if params.seed is not None:
                 generator = torch.Generator(self.device).manual_seed(params.seed + index)
             detokenizer = IncrementalDetokenizer(self.tokenizer.tokenizer, params.stop_strings, params.skip_special_tokens)
-            seqs.append(Sequence(request_id, index, token_ids, params, detokenizer, generator, end_tokens))
+            grammar = self._grammars.matcher(params.grammar) if params.grammar is not None else None
+            seqs.append(Sequence(request_id, index, token_ids, params, detokenizer, generator, end_tokens, grammar))
             if resumed:
                 seqs[-1].resume(resumed, self.model_config.vocab_size)
         request = Request(request_id, text, token_ids, seqs, hold_kv)
         self.requests[request_id] = request
         return request
+
+    @cached_property
+    def _grammars(self) -> GrammarCompiler:
+        """Built by the first request with a grammar: it loads xgrammar, which nodes without one never need."""
+        end_tokens = self.generation_defaults.eos_token_ids
+        return GrammarCompiler(self.tokenizer.tokenizer, self.model_config.vocab_size, end_tokens)
 
     def _validate_prompt(self, token_ids: list[int]) -> None:
         if not token_ids:
@@ -307,6 +318,7 @@ class LLMEngine:
             params = seq.params
             if (
                 params.logprobs is not None
+                or seq.grammar is not None  # its matcher moves on the host, with each token
                 or self.requests[seq.request_id].hold_kv
                 or seq.num_output_tokens + 1 >= params.max_tokens
                 or seq.num_tokens + 1 >= self.max_model_len
@@ -364,6 +376,8 @@ class LLMEngine:
 
     def _append_token(self, seq: Sequence, token: int, logprobs: dict[int, float] | None) -> None:
         seq.token_ids.append(token)
+        if seq.grammar is not None and not seq.grammar.accept_token(token):  # the mask let through what it forbids
+            self.log.error("request %s: token %d breaks its grammar", seq.request_id, token)
         if seq.logprobs is not None:
             seq.logprobs.append(logprobs or {})
 
@@ -393,6 +407,8 @@ class LLMEngine:
         params = seq.params
         if token in seq.end_token_ids:  # sampled only once the sequence may end
             return "stop", token if token in params.stop_token_ids else None
+        if seq.grammar is not None and seq.grammar.is_terminated():  # an end the grammar allowed (ignore_eos too)
+            return "stop", None
         if stop_string is not None:
             return "stop", stop_string
         if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= self.max_model_len:

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kvferry.engine.grammar import mask_disallowed
+
 if TYPE_CHECKING:  # a sequence skips its draws through this module when it resumes
     from kvferry.engine.sequence import Sequence
 
@@ -127,10 +129,12 @@ def sample_async(logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
     that samples this step."""
     wants_logprobs = [s.params.logprobs for s in seqs]
     raw_logprobs = logits.log_softmax(dim=-1) if any(w is not None for w in wants_logprobs) else None
-    if any(s.params.needs_penalties or not s.may_end for s in seqs):
+    if any(s.params.needs_penalties or not s.may_end or s.grammar is not None for s in seqs):
         logits = logits.clone()
         apply_penalties(logits, seqs)
         hold_back_ends(logits, seqs)
+        if any(s.grammar is not None for s in seqs):
+            mask_disallowed(logits, seqs)
     token_ids = logits.argmax(dim=-1)
     random_rows = [row for row, s in enumerate(seqs) if not s.params.greedy]
     if random_rows:

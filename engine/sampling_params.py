@@ -2,7 +2,39 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Literal
+
+GRAMMAR_KINDS = ("json_schema", "json_object", "regex", "choice")
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What a structured output must match (engine/grammar.py): `json_schema` (spec: the schema as JSON text),
+    `json_object` (any JSON object; no spec), `regex` (spec: the pattern) or `choice` (spec: a JSON list of
+    the strings allowed)."""
+
+    kind: Literal["json_schema", "json_object", "regex", "choice"]
+    spec: str = ""
+
+    def choices(self) -> list[str]:
+        values = json.loads(self.spec)
+        if not isinstance(values, list) or not values or not all(isinstance(v, str) for v in values):
+            raise ValueError("a choice grammar's spec is a JSON list of one or more strings")
+        return values
+
+    def check(self) -> None:
+        """What can be told without compiling: the kind, and a spec of the right shape. Raises ValueError."""
+        if self.kind not in GRAMMAR_KINDS:
+            raise ValueError(f"grammar kind must be one of {', '.join(GRAMMAR_KINDS)}, got {self.kind!r}")
+        try:
+            if self.kind == "choice":
+                self.choices()
+            elif self.kind == "json_schema" and not isinstance(json.loads(self.spec), dict):
+                raise ValueError("a JSON schema is a JSON object")
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"the {self.kind} grammar's spec is not JSON: {exc}") from None
 
 
 @dataclass
@@ -23,6 +55,7 @@ class SamplingParams:
     # Outputs before an end may come: EOS and stop_token_ids are masked out of the sampler, and stop strings
     # are not looked for, until the sequence has this many (vLLM's min_tokens).
     min_tokens: int = 0
+    grammar: Grammar | None = None  # structured output: the tokens are held to it
     logprobs: int | None = None  # how many top alternatives to return beside each sampled token
     skip_special_tokens: bool = True
 
@@ -59,6 +92,10 @@ class SamplingParams:
             ("logprobs", self.logprobs is None or self.logprobs >= 0, "must be >= 0"),
             ("stop_token_ids", all(t >= 0 for t in self.stop_token_ids), "must be non-negative token ids"),
         ]
+        if self.grammar is not None:
+            self.grammar.check()
+            # An unfinished grammar may allow nothing but an end, which min_tokens would forbid too.
+            checks.append(("min_tokens", not self.min_tokens, "cannot be combined with a grammar"))
         for name, ok, rule in checks:
             if not ok:
                 raise ValueError(f"{name} {rule}, got {getattr(self, name)!r}")

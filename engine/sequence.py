@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import itertools
+from typing import Any
 
 import torch
 
@@ -30,6 +31,7 @@ class Sequence:
         detokenizer: IncrementalDetokenizer,
         generator: torch.Generator | None,
         end_token_ids: frozenset[int] = frozenset(),
+        grammar: Any = None,
     ) -> None:
         self.seq_id = next(_sequence_ids)
         self.request_id = request_id
@@ -40,6 +42,7 @@ class Sequence:
         self.detokenizer = detokenizer
         self.generator = generator
         self.end_token_ids = end_token_ids  # the tokens that end it: its stop_token_ids, and EOS unless ignored
+        self.grammar = grammar  # its structured output's matcher (engine/grammar.py), or None
         self.status = SequenceStatus.WAITING
         self.block_ids: list[int] = []
         self.block_hashes: list[int] = []  # hashes of the leading full blocks, grown as tokens are computed
@@ -65,6 +68,8 @@ class Sequence:
         self.token_ids += output_token_ids
         for token_id in output_token_ids:
             self.detokenizer.append(token_id)
+            if self.grammar is not None:
+                self.grammar.accept_token(token_id)
         self.num_resumed_tokens = len(output_token_ids)
         self.resumed_text_chars = len(self.detokenizer.visible_text(finished=False))
         if self.generator is not None and not self.params.greedy:

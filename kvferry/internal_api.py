@@ -6,7 +6,7 @@ it reaches an engine.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,6 +18,13 @@ API_PREFIX = "/internal/v1"
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class GrammarSpec(_Strict):
+    """A structured output's grammar (kvferry.engine.sampling_params.Grammar, same fields)."""
+
+    kind: Literal["json_schema", "json_object", "regex", "choice"]
+    spec: str = ""
 
 
 class SamplingSpec(_Strict):
@@ -37,13 +44,17 @@ class SamplingSpec(_Strict):
     ignore_eos: bool = False
     max_tokens: int = 16
     min_tokens: int = 0
+    grammar: GrammarSpec | None = None
     logprobs: int | None = None
 
     def to_params(self, **overrides: Any) -> SamplingParams:
         # The engine (and torch) loads only when parameters are built.
         from kvferry.engine import SamplingParams
+        from kvferry.engine.sampling_params import Grammar
 
-        return SamplingParams(**{**self.model_dump(), **overrides})
+        fields = self.model_dump()
+        fields["grammar"] = Grammar(**fields["grammar"]) if fields["grammar"] else None
+        return SamplingParams(**{**fields, **overrides})
 
 
 class PromptRequest(_Strict):

@@ -88,8 +88,9 @@ class PrefillConnector:
 
     async def _prefill(self, request_id: str, prompt_ids: list[int], params: SamplingParams) -> RequestOutput:
         """The prompt's step(s), its blocks held afterwards. The token sampled here is not used: the decode
-        node computes the last prompt position again and samples every token itself."""
-        one_step = dataclasses.replace(params, max_tokens=1, min_tokens=0, n=1)
+        node computes the last prompt position again and samples every token itself (so a grammar, whose
+        state starts on the decode node with its first token, has no business here)."""
+        one_step = dataclasses.replace(params, max_tokens=1, min_tokens=0, grammar=None, n=1)
         stream = await self.engine.add_request(request_id, {"prompt_token_ids": prompt_ids}, one_step, hold_kv=True)
         final = None
         async for output in stream:

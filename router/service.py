@@ -31,6 +31,7 @@ from kvferry.router.api.openai_schema import (
 from kvferry.router.api.prompts import PromptEncoder
 from kvferry.router.api.responses import Choice, ResponseShape, sse
 from kvferry.router.api.streams import merge_streams
+from kvferry.router.api.structured import grammar_of
 from kvferry.router.config import UnsupportedFields
 from kvferry.router.discovery.cluster import ClusterState
 from kvferry.router.discovery.nodes import NodeView
@@ -84,7 +85,7 @@ def sampling_spec(body: SamplingFields, max_tokens: int, logprobs: int | None) -
         frequency_penalty=given(body.frequency_penalty, 0.0), repetition_penalty=given(body.repetition_penalty, 1.0),
         stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
         stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos, max_tokens=max_tokens,
-        min_tokens=body.min_tokens or 0, logprobs=logprobs,
+        min_tokens=body.min_tokens or 0, grammar=grammar_of(body), logprobs=logprobs,
     )
     try:
         spec.to_params()  # the engine's own checks, before any node is called

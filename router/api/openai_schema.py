@@ -25,6 +25,28 @@ class StreamOptions(_Open):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Open):
+    name: str = Field(max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(alias="schema")
+    strict: bool | None = None  # the output always fits the schema here, strict or not
+
+
+class ResponseFormat(_Open):
+    """OpenAI's: `text` (free), `json_object` (any JSON object) or `json_schema` (fitting the schema)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Open):
+    """vLLM's `structured_outputs` extra field: exactly one of a JSON schema, a regex, or a list of choices."""
+
+    json_: dict[str, Any] | None = Field(None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(None, min_length=1)
+
+
 class SamplingFields(_Open):
     model: str
     n: int = Field(1, ge=1, le=MAX_N)
@@ -43,6 +65,8 @@ class SamplingFields(_Open):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # the end user, as the client names them: plugins see it (PluginContext.user)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
 
 class CompletionRequest(SamplingFields):

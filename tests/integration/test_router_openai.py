@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,12 +15,14 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Literal
 
 import httpx
 import openai
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from pydantic import BaseModel, Field
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -277,6 +280,55 @@ def test_best_of_returns_the_most_likely_of_its_choices(cluster):
         api.completions.create(model="llama", prompt="x", max_tokens=2, n=3, best_of=2)
     with pytest.raises(openai.BadRequestError, match="cannot be streamed"):
         api.completions.create(model="llama", prompt="x", max_tokens=2, best_of=2, stream=True)
+
+
+class Reading(BaseModel):
+    unit: Literal["celsius", "kelvin"]
+    value: int = Field(ge=-40, le=500)
+    ok: bool
+    tags: list[Literal["indoor", "outdoor", "lab"]] = Field(max_length=3)
+
+
+def test_structured_outputs_parse_and_are_the_same_through_prefill_and_decode(cluster):
+    """The official client's parse() with a Pydantic model (a random model writes nothing meaningful: every
+    field is bounded, so the form is what counts), greedy on P -> D equal to colocated, streamed equal to
+    whole; vLLM's structured_outputs regex and choice."""
+    messages = [{"role": "user", "content": "A reading, please"}]
+    outputs = {}
+    for router in ("router", "colocated"):
+        parsed = client(cluster[router]).beta.chat.completions.parse(
+            model="llama", messages=messages, response_format=Reading, max_tokens=150, temperature=0)
+        choice = parsed.choices[0]
+        assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, Reading), choice
+        outputs[router] = choice.message.content
+    assert outputs["router"] == outputs["colocated"]
+    api = client(cluster["router"])
+    regex = {"structured_outputs": {"regex": "[a-z]{3}-[0-9]{2}"}}
+    whole = api.completions.create(model="llama", prompt="Code:", max_tokens=20, temperature=0, extra_body=regex)
+    assert re.fullmatch("[a-z]{3}-[0-9]{2}", whole.choices[0].text), whole
+    streamed = api.completions.create(model="llama", prompt="Code:", max_tokens=20, temperature=0, stream=True,
+                                      extra_body=regex)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == whole.choices[0].text
+    chosen = api.chat.completions.create(model="llama", messages=messages, max_tokens=10, temperature=1.0, seed=4, n=3,
+                                         extra_body={"structured_outputs": {"choice": ["up", "down"]}})
+    assert {c.message.content for c in chosen.choices} <= {"up", "down"}
+
+
+@pytest.mark.parametrize(("fields", "param", "message"), [
+    ({"response_format": {"type": "json_schema"}}, "response_format.json_schema", "needs its json_schema"),
+    ({"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}}, "structured_outputs", "give one"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "exactly one"),
+    ({"structured_outputs": {"choice": []}}, "structured_outputs", "at least 1"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "no-such-type"}}}},
+     None, "json_schema grammar does not compile"),
+    ({"response_format": {"type": "json_object"}, "min_tokens": 2}, None, "min_tokens cannot be combined"),
+])
+def test_a_structured_output_that_cannot_be_is_refused_by_name(cluster, fields, param, message):
+    body = {"model": "llama", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, **fields}
+    refused = httpx.post(f"{cluster['router']}/v1/chat/completions", json=body, timeout=60)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert message in error["message"] and (param is None or error["param"] == param), error
 
 
 def _counters(url: str, family: str) -> dict[str, float]:
