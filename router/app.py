@@ -25,10 +25,16 @@ from kvferry.router.api.openai_schema import (
     ChatCompletionResponse,
     CompletionRequest,
     CompletionResponse,
+    DetokenizeRequest,
+    DetokenizeResponse,
     ModelCard,
     ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
 )
 from kvferry.router.api.prompts import ModelLimits, PromptEncoder
+from kvferry.router.api.request_check import RequestCheck
+from kvferry.router.api.tokenize import Tokenization
 from kvferry.router.config import RouterConfig
 from kvferry.router.discovery.cluster import ClusterState
 from kvferry.router.discovery.health import HealthTracker
@@ -94,14 +100,16 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     pd = PDDecision(config.disaggregation, config.disaggregation_min_tokens)
     admission = Admission(config.max_inflight)
     flow = PDFlow(client, NodeStreams(node_headers), cluster, metrics, config.prefill_timeout_seconds, pd)
+    check = RequestCheck(model, config.unsupported_fields)
     service = CompletionService(
         model=model, encoder=encoder, cluster=cluster,
         lookup=PrefixLookup(model, index, RoutingHistory(config.routing_history_seconds)),
         scheduler=Scheduler(config.resolve_policy(), pd=pd),
         migration=Migration(flow, metrics, config.max_migrations),
         metrics=metrics, plugins=load_plugins(config.plugins), admission=admission,
-        default_max_tokens=config.default_max_tokens, unsupported_fields=config.unsupported_fields,
+        default_max_tokens=config.default_max_tokens, check=check,
     )
+    tokenization = Tokenization(encoder, check)
     started = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -134,6 +142,17 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     @app.post("/v1/chat/completions", response_model=None, responses=_generation_responses(ChatCompletionResponse))
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await service.serve(body, request)
+
+    token_errors: dict[int | str, dict[str, Any]] = {status: ERROR_RESPONSES[status] for status in (400, 401, 404, 413)}
+
+    @app.post("/tokenize", responses=token_errors)
+    def tokenize(body: TokenizeRequest) -> TokenizeResponse:
+        """A prompt's (or chat messages') tokens, as the router encodes them for generation."""
+        return tokenization.tokenize(body)
+
+    @app.post("/detokenize", responses=token_errors)
+    def detokenize(body: DetokenizeRequest) -> DetokenizeResponse:
+        return tokenization.detokenize(body)
 
     @app.get("/v1/models", responses=unauthorized)
     def models() -> ModelList:

@@ -5,7 +5,6 @@ response (whole or SSE), with its metrics."""
 from __future__ import annotations
 
 import contextlib
-import logging
 import random
 import time
 import uuid
@@ -26,13 +25,12 @@ from kvferry.router.api.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
     SamplingFields,
-    unsupported_fields,
 )
 from kvferry.router.api.prompts import PromptEncoder
+from kvferry.router.api.request_check import RequestCheck
 from kvferry.router.api.responses import Choice, ResponseShape, sse
 from kvferry.router.api.streams import merge_streams
 from kvferry.router.api.structured import grammar_of
-from kvferry.router.config import UnsupportedFields
 from kvferry.router.discovery.cluster import ClusterState
 from kvferry.router.discovery.nodes import NodeView
 from kvferry.router.dispatch.migration import Migration
@@ -44,7 +42,6 @@ GREEDY_BELOW_TEMPERATURE = 1e-5
 SMALLEST_TOP_P = 1e-6
 MAX_CHOICES = 64  # prompts x n in one request: each is its own node request
 CLIENT_LEFT = 499  # nginx's status for a client that closed the connection first
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -97,17 +94,14 @@ def sampling_spec(body: SamplingFields, max_tokens: int, logprobs: int | None) -
 class CompletionService:
     def __init__(self, *, model: str, encoder: PromptEncoder, cluster: ClusterState, lookup: PrefixLookup,
                  scheduler: Scheduler, migration: Migration, metrics: RouterMetrics, plugins: PluginChain,
-                 admission: Admission, default_max_tokens: int | None, unsupported_fields: UnsupportedFields) -> None:
+                 admission: Admission, default_max_tokens: int | None, check: RequestCheck) -> None:
         self.model, self.encoder, self.cluster, self.scheduler = model, encoder, cluster, scheduler
         self.lookup, self.migration, self.metrics, self.plugins = lookup, migration, metrics, plugins
-        self.admission, self.default_max_tokens, self.unsupported_fields = admission, default_max_tokens, unsupported_fields
+        self.admission, self.default_max_tokens, self.check = admission, default_max_tokens, check
 
     async def serve(self, body: CompletionRequest | ChatCompletionRequest, request: Request) -> Response:
         arrived = time.perf_counter()
-        if body.model != self.model:
-            raise APIError(404, f"The model `{body.model}` does not exist; this router serves `{self.model}`",
-                           param="model", code="model_not_found")
-        self._check_fields(body)
+        self.check(body)
         self.admission.enter()
         streaming, status = False, 500
         try:
@@ -133,18 +127,6 @@ class CompletionService:
             if not streaming:
                 self.admission.leave()
                 self.metrics.request_done(status)
-
-    def _check_fields(self, body: SamplingFields) -> None:
-        """Fields kvferry does not implement: refused by name, as OpenAI refuses unknown parameters, or (the
-        router's `unsupported_fields: warn`) logged, as vLLM does; never dropped unseen."""
-        unsupported = unsupported_fields(body)
-        if not unsupported:
-            return
-        if self.unsupported_fields == "warn":
-            log.warning("ignored what kvferry does not support in a request: %s", ", ".join(unsupported))
-            return
-        raise APIError(400, f"Unsupported parameter(s): {', '.join(unsupported)}: kvferry does not implement "
-                       f"{'them' if len(unsupported) > 1 else 'it'}", param=unsupported[0], code="unsupported_parameter")
 
     async def _collect(self, prepared: Prepared, merged: AsyncIterator[tuple[int, list[dict]]], arrived: float) -> dict:
         shape, context = prepared.shape, prepared.context

@@ -101,6 +101,30 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
 
+class TokenizeRequest(_Open):
+    """vLLM's /tokenize: a prompt (text), or chat messages through the model's template."""
+
+    model: str
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    add_special_tokens: bool = True  # prompt: the tokenizer's BOS and the like (a template writes its own)
+
+
+class TokenizeResponse(BaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeRequest(_Open):
+    model: str
+    tokens: list[Annotated[int, Field(ge=0, le=MAX_INT32)]]
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str
+
+
 def unsupported_fields(part: BaseModel, path: str = "") -> list[str]:
     """Where `part` (a request body) holds what kvferry does not implement, as paths ("tools",
     "messages[0].tool_calls", "messages[1].content[0].type=image_url"): fields no model declares, and content

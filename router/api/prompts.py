@@ -51,13 +51,20 @@ class PromptEncoder:
             raise APIError(400, "the prompt is empty: it must hold at least one character", param="prompt")
         return self.check(self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt))
 
+    def tokens(self, text: str, add_special_tokens: bool) -> list[int]:
+        """A text's tokens as they are, none required (/tokenize counts an empty one as 0)."""
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
     def check(self, token_ids: list[int]) -> list[int]:
         if not token_ids:
             raise APIError(400, "the prompt is empty: it must hold at least one token", param="prompt")
+        self.check_vocabulary(token_ids, "prompt")
+        return token_ids
+
+    def check_vocabulary(self, token_ids: list[int], param: str) -> None:
         vocab = self.limits.vocab_size
         if any(not 0 <= token < vocab for token in token_ids):
-            raise APIError(400, f"the prompt holds token ids outside the vocabulary [0, {vocab})", param="prompt")
-        return token_ids
+            raise APIError(400, f"token ids outside the vocabulary [0, {vocab}) in {param}", param=param)
 
     def max_tokens(self, prompt_len: int, requested: int | None, max_model_len: int) -> int:
         """The completion's budget: the request's, else the rest of the context; 400 when it does not fit."""

@@ -1,9 +1,10 @@
 """`kvferry up --prefill 2 --decode 2` with no --model serves the default model (SmolLM2-135M-Instruct) as
-smollm2-135m-instruct; greedy output through prefill -> decode equals transformers', and the official
-openai client gets Paris for the capital of France."""
+smollm2-135m-instruct; greedy output through prefill -> decode equals transformers', the official
+openai client gets Paris for the capital of France, and structured outputs fit 22 schemas."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -16,8 +17,10 @@ import httpx
 import pytest
 from support.real_model import MAX_NEW_TOKENS
 from support.redis_server import free_port
+from support.structured_schemas import SCHEMAS
 
 SERVED_NAME = "smollm2-135m-instruct"
+STRUCTURED_MAX_TOKENS = 300
 pytestmark = pytest.mark.slow
 
 
@@ -72,3 +75,43 @@ def test_the_openai_client_learns_the_capital_of_france(router):
     )
     assert "Paris" in reply.choices[0].message.content
     assert reply.choices[0].finish_reason == "stop"
+
+
+def _schema_prompt(name: str, schema: dict) -> list[dict[str, str]]:
+    return [{"role": "user", "content": f"Give one example of a {name.replace('_', ' ')} as JSON for this schema: "
+                                        f"{json.dumps(schema)}"}]
+
+
+def test_structured_outputs_fit_every_schema_and_prefill_decode_equals_colocated(router, smollm2):
+    """The official client's parse() with each of 22 Pydantic models through prefill -> decode: every answer
+    parses and validates, and its greedy text is the colocated engine's (the same model in this process,
+    with the same grammar)."""
+    from openai import OpenAI
+
+    from kvferry.engine import LLM, SamplingParams
+    from kvferry.engine.sampling_params import Grammar
+
+    client = OpenAI(base_url=f"{router}/v1", api_key="unused", max_retries=0, timeout=600)
+
+    def parsed(item: tuple[str, tuple]) -> tuple[str, str]:
+        name, (model, _) = item
+        answer = client.beta.chat.completions.parse(model=SERVED_NAME, messages=_schema_prompt(name, model.model_json_schema()),
+                                                    response_format=model, temperature=0, max_tokens=STRUCTURED_MAX_TOKENS)
+        choice = answer.choices[0]
+        assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, model), (name, choice)
+        return name, choice.message.content
+
+    with ThreadPoolExecutor(8) as pool:
+        served = dict(pool.map(parsed, SCHEMAS.items()))
+
+    colocated = LLM(smollm2.folder, max_model_len=2048)  # the nodes' dtype: the model's own
+    tokenizer = colocated.engine.tokenizer
+    # As the router encodes a chat: the template writes the special tokens itself.
+    prompts = [{"prompt_token_ids": tokenizer.encode(tokenizer.apply_chat_template(_schema_prompt(name, model.model_json_schema())),
+                                                     add_special_tokens=False)}
+               for name, (model, _) in SCHEMAS.items()]
+    params = [SamplingParams(temperature=0, max_tokens=STRUCTURED_MAX_TOKENS,
+                             grammar=Grammar("json_schema", json.dumps(model.model_json_schema())))
+              for model, _ in SCHEMAS.values()]
+    expected = [output.outputs[0].text for output in colocated.generate(prompts, params)]
+    assert served == dict(zip(SCHEMAS, expected, strict=True))

@@ -142,6 +142,7 @@ def client(url: str, key: str = "none") -> openai.OpenAI:
 
 
 GREEDY = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+GREEDY_BODY = {"temperature": 0, "ignore_eos": True}  # the same, in a raw body
 
 
 def test_completions_and_chat_with_usage(cluster):
@@ -216,7 +217,7 @@ def test_bad_requests_raise_the_clients_error_classes(cluster):
 
 UNSUPPORTED = {
     "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
-    "response_format": {"response_format": {"type": "json_object"}},
+    "audio": {"audio": {"voice": "alloy", "format": "mp3"}},
     "logit_bias": {"logit_bias": {"5": 10}},
     "messages[0].tool_calls": {"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]},
     "messages[0].content[0].type=image_url": {"messages": [{"role": "user", "content": [
@@ -329,6 +330,23 @@ def test_a_structured_output_that_cannot_be_is_refused_by_name(cluster, fields, 
     assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
     assert message in error["message"] and (param is None or error["param"] == param), error
+
+
+def test_tokenize_and_detokenize_count_as_generation_does(cluster):
+    router = cluster["router"]
+    chat = {"model": "llama", "messages": [{"role": "user", "content": "Hi there"}], "max_tokens": 3, **GREEDY_BODY}
+    usage = httpx.post(f"{router}/v1/chat/completions", json=chat, timeout=60).json()["usage"]
+    counted = httpx.post(f"{router}/tokenize", json={"model": "llama", "messages": chat["messages"]}, timeout=60).json()
+    assert counted["count"] == usage["prompt_tokens"] == len(counted["tokens"]) and counted["max_model_len"] > 0
+    text = httpx.post(f"{router}/tokenize", json={"model": "llama", "prompt": "The cat sat"}, timeout=60).json()
+    back = httpx.post(f"{router}/detokenize", json={"model": "llama", "tokens": text["tokens"]}, timeout=60).json()
+    assert back["prompt"] == "The cat sat"
+    for path, body, param in (("/tokenize", {"model": "llama"}, "prompt"),
+                              ("/tokenize", {"model": "llama", "prompt": "x", "messages": chat["messages"]}, "prompt"),
+                              ("/detokenize", {"model": "llama", "tokens": [10**8]}, "tokens")):
+        refused = httpx.post(f"{router}{path}", json=body, timeout=60)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, refused.text
+    assert httpx.post(f"{router}/tokenize", json={"model": "other", "prompt": "x"}, timeout=60).status_code == 404
 
 
 def _counters(url: str, family: str) -> dict[str, float]:
