@@ -33,7 +33,7 @@ from kvferry.router.api.openai_schema import (
     TokenizeResponse,
 )
 from kvferry.router.api.prompts import ModelLimits, PromptEncoder
-from kvferry.router.api.request_check import RequestCheck
+from kvferry.router.api.request_body import RequestCheck
 from kvferry.router.api.tokenize import Tokenization
 from kvferry.router.config import RouterConfig
 from kvferry.router.discovery.cluster import ClusterState

@@ -24,13 +24,11 @@ from kvferry.router.api.errors import APIError, overloaded
 from kvferry.router.api.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
-    SamplingFields,
 )
 from kvferry.router.api.prompts import PromptEncoder
-from kvferry.router.api.request_check import RequestCheck
+from kvferry.router.api.request_body import RequestCheck, sampling_spec
 from kvferry.router.api.responses import Choice, ResponseShape, sse
 from kvferry.router.api.streams import merge_streams
-from kvferry.router.api.structured import grammar_of
 from kvferry.router.discovery.cluster import ClusterState
 from kvferry.router.discovery.nodes import NodeView
 from kvferry.router.dispatch.migration import Migration
@@ -38,8 +36,6 @@ from kvferry.router.metrics import RouterMetrics
 from kvferry.router.scheduling import Decision, NoNodeAvailable, Scheduler, SchedulingRequest
 from kvferry.router.scheduling.prefix_lookup import PrefixLookup
 
-GREEDY_BELOW_TEMPERATURE = 1e-5
-SMALLEST_TOP_P = 1e-6
 MAX_CHOICES = 64  # prompts x n in one request: each is its own node request
 CLIENT_LEFT = 499  # nginx's status for a client that closed the connection first
 
@@ -65,30 +61,6 @@ class SubRequest:
     prompt_index: int
     prompt_ids: list[int]
     spec: SamplingSpec
-
-
-def sampling_spec(body: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingSpec:
-    def given(value: float | int | None, default: float | int) -> float | int:
-        return default if value is None else value
-
-    temperature = given(body.temperature, 1.0)
-    spec = SamplingSpec(
-        # As vLLM does: a temperature this close to 0 is greedy (dividing logits by it overflows).
-        n=1, temperature=0.0 if temperature < GREEDY_BELOW_TEMPERATURE else temperature,
-        # A top_p this small keeps only the top token either way; smaller ones underflow to 0 in the
-        # sampler's float32 and drop every token.
-        top_p=max(given(body.top_p, 1.0), SMALLEST_TOP_P), top_k=given(body.top_k, 0),
-        min_p=given(body.min_p, 0.0), seed=body.seed, presence_penalty=given(body.presence_penalty, 0.0),
-        frequency_penalty=given(body.frequency_penalty, 0.0), repetition_penalty=given(body.repetition_penalty, 1.0),
-        stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
-        stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos, max_tokens=max_tokens,
-        min_tokens=body.min_tokens or 0, grammar=grammar_of(body), logprobs=logprobs,
-    )
-    try:
-        spec.to_params()  # the engine's own checks, before any node is called
-    except (TypeError, ValueError) as exc:
-        raise APIError(400, str(exc)) from None
-    return spec
 
 
 class CompletionService:

@@ -14,7 +14,7 @@ MAX_INT32 = 2**31 - 1
 
 
 class _Open(BaseModel):
-    """A body part that keeps the fields it does not declare (model_extra): unsupported_fields names them, and
+    """A body part that keeps the fields it does not declare (model_extra): router/api/request_body.py names them, and
     the router refuses them (or logs them, `unsupported_fields: warn`) rather than dropping them unseen."""
 
     # Kept, to be named; the schema says what the router does by default: such a field is refused.
@@ -90,7 +90,7 @@ class ChatMessage(_Open):
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
             return self.content or ""
-        return "".join(part.text or "" for part in self.content)  # text parts only (unsupported_fields)
+        return "".join(part.text or "" for part in self.content)  # text parts only (request_body.py refuses others)
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -123,22 +123,6 @@ class DetokenizeRequest(_Open):
 
 class DetokenizeResponse(BaseModel):
     prompt: str
-
-
-def unsupported_fields(part: BaseModel, path: str = "") -> list[str]:
-    """Where `part` (a request body) holds what kvferry does not implement, as paths ("tools",
-    "messages[0].tool_calls", "messages[1].content[0].type=image_url"): fields no model declares, and content
-    parts other than text."""
-    found = [f"{path}type={part.type}"] if isinstance(part, ContentPart) and part.type != "text" else []
-    found += [f"{path}{name}" for name in part.model_extra or {}]
-    for name in type(part).model_fields:
-        value = getattr(part, name)
-        items = enumerate(value) if isinstance(value, list) else [(None, value)]
-        for index, item in items:
-            if isinstance(item, BaseModel):
-                where = f"{path}{name}" + (f"[{index}]" if index is not None else "")
-                found += unsupported_fields(item, f"{where}.")
-    return found
 
 
 class Usage(BaseModel):

@@ -11,7 +11,7 @@ from kvferry.router.api.openai_schema import (
     TokenizeResponse,
 )
 from kvferry.router.api.prompts import PromptEncoder
-from kvferry.router.api.request_check import RequestCheck
+from kvferry.router.api.request_body import RequestCheck
 
 
 class Tokenization:
