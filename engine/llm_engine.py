@@ -36,6 +36,8 @@ PromptInput = str | dict[str, list[int]]
 # Stands for a token still on the device (a step launched ahead reads it there); replaced once it is read.
 PLACEHOLDER_TOKEN = -1
 
+log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class KVReservation:
@@ -91,7 +93,6 @@ class LLMEngine:
         self.generation_defaults = GenerationDefaults.from_dir(self.model_dir, self.model_config, self.tokenizer)
         self.max_model_len = min(args.max_model_len or 8192, self.model_config.max_position_embeddings)
         self.served_model_name = args.served_model_name or self.model_dir.name
-        self.log = logging.getLogger(__name__)
 
         cfg = self.model_config
         self.pool_layout = KVPoolLayout(
@@ -377,7 +378,7 @@ class LLMEngine:
     def _append_token(self, seq: Sequence, token: int, logprobs: dict[int, float] | None) -> None:
         seq.token_ids.append(token)
         if seq.grammar is not None and not seq.grammar.accept_token(token):  # the mask let through what it forbids
-            self.log.error("request %s: token %d breaks its grammar", seq.request_id, token)
+            log.error("request %s: token %d breaks its grammar", seq.request_id, token)
         if seq.logprobs is not None:
             seq.logprobs.append(logprobs or {})
 
