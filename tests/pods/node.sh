@@ -153,24 +153,29 @@ import_images() {
     export CONTAINERS_CONF="${KVFERRY_CACHE:-$HOME/.cache/kvferry}/podman/containers.conf"
     local ref
     for ref in "$@"; do
-        local id marker
+        local id marker sock="$dir/containerd/containerd.sock"
         id="$(podman image inspect --format '{{ .Id }}' "$ref")"
         marker="$image_store/imported-$(echo "$ref" | tr '/:' '__')"
-        if ctr --address "$dir/containerd/containerd.sock" -n k8s.io images ls -q | grep -qx "$ref" && \
+        if ctr --address "$sock" -n k8s.io images ls -q | grep -qx "$ref" && \
             [[ "$(cat "$marker" 2>/dev/null)" == "$id" ]]; then
             continue
         fi
-        local start=$SECONDS
+        local start=$SECONDS previous="$ref-previous"
         # Unpacked at once onto the snapshots of the layers it shares with the image it replaces, so that a
-        # rebuild after a code change unpacks one small layer.
+        # rebuild after a code change unpacks one small layer. Until the new image is unpacked, only the
+        # old one holds those snapshots, and the import moves the name off it: a garbage collection in
+        # between (any deletion triggers one) took them from under the unpack ("parent snapshot ... does
+        # not exist"). A second name holds the old image until the new one is unpacked.
+        ctr --address "$sock" -n k8s.io images tag --force "$ref" "$previous" >/dev/null 2>&1 || true
         podman save --format docker-archive "$ref" | \
-            ctr --address "$dir/containerd/containerd.sock" -n k8s.io images import --snapshotter overlayfs - >/dev/null
-        # The image it replaced is still held by the name the kubelet knows it by, its id: deleted, so that
-        # containerd collects its layers and snapshots at once (each rebuild would leave 6 GB otherwise).
+            ctr --address "$sock" -n k8s.io images import --snapshotter overlayfs - >/dev/null
+        # Then the old image goes, by that name and by its id (the name the kubelet may know it by), so that
+        # containerd collects its own layers and snapshots at once (each rebuild would leave 6 GB otherwise).
+        ctr --address "$sock" -n k8s.io images rm --sync "$previous" >/dev/null 2>&1 || true
         local replaced
         replaced="$(cat "$marker" 2>/dev/null || true)"
         if [[ -n "$replaced" && "$replaced" != "$id" ]]; then
-            ctr --address "$dir/containerd/containerd.sock" -n k8s.io images rm --sync "sha256:$replaced" >/dev/null 2>&1 || true
+            ctr --address "$sock" -n k8s.io images rm --sync "sha256:$replaced" >/dev/null 2>&1 || true
         fi
         echo "$id" >"$marker"
         echo "imported $ref into the node's containerd in $((SECONDS - start))s"
