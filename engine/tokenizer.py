@@ -122,6 +122,11 @@ class ModelTokenizer:
         env.globals["strftime_now"] = _strftime_now
         return env
 
+    def chat_template(self, with_tools: bool = False) -> str | None:
+        """The template's source (None without one): with tools, the "tool_use" one where the model has one."""
+        name = "tool_use" if with_tools and "tool_use" in self.chat_templates else "default"
+        return self.chat_templates.get(name)
+
     def apply_chat_template(
         self,
         messages: list[dict[str, Any]],
@@ -131,13 +136,13 @@ class ModelTokenizer:
     ) -> str:
         """The prompt text; raises NoChatTemplateError without a template, TemplateError when it refuses.
         With tools, a model's "tool_use" template is used where it has one, as transformers does."""
-        name = "tool_use" if tools is not None and "tool_use" in self.chat_templates else "default"
-        if name not in self.chat_templates:
+        template = self.chat_template(with_tools=tools is not None)
+        if template is None:
             raise NoChatTemplateError(
                 f"the model {self.model_dir.name} has no chat template (none of {', '.join(TEMPLATE_FILES)} holds "
                 "one): send a prompt to /v1/completions instead"
             )
         variables = {**self.special_tokens, "documents": None, **template_kwargs}
-        return self._environment.from_string(self.chat_templates[name]).render(
+        return self._environment.from_string(template).render(
             messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **variables
         )

@@ -108,6 +108,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
         migration=Migration(flow, metrics, config.max_migrations),
         metrics=metrics, plugins=load_plugins(config.plugins), admission=admission,
         default_max_tokens=config.default_max_tokens, check=check,
+        tool_call_format=encoder.tool_call_format() if config.tool_call_parser == "auto" else config.tool_call_parser,
     )
     tokenization = Tokenization(encoder, check)
     started = int(time.time())

@@ -84,6 +84,8 @@ class RouterConfig(_Section):
     disaggregation: Literal["always", "auto", "never"] = "always"
     disaggregation_min_tokens: int = Field(256, ge=0)
     unsupported_fields: UnsupportedFields = "reject"
+    # How the model writes the tool calls it chooses (`tool_choice: auto`): auto, from its chat template.
+    tool_call_parser: Literal["auto", "hermes", "llama3_json"] = "auto"
 
     @model_validator(mode="after")
     def _known_policy(self) -> RouterConfig:

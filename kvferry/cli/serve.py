@@ -91,6 +91,8 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--default-max-tokens", type=int, default=None, help="chat without max_tokens (default: the rest of the context)")
     parser.add_argument("--unsupported-fields", choices=("reject", "warn"), default=None,
                         help="request fields kvferry does not implement: a 400 naming them (default) or a logged warning")
+    parser.add_argument("--tool-call-parser", choices=("auto", "hermes", "llama3_json"), default=None,
+                        help="how the model writes the tool calls it chooses (default auto: from its chat template)")
 
 
 def _selector(text: str | None) -> dict[str, str] | None:
@@ -119,6 +121,7 @@ def router_config_from(args: argparse.Namespace) -> RouterConfig:
         "cluster_token_file": args.cluster_token_file,
         "default_max_tokens": args.default_max_tokens,
         "unsupported_fields": args.unsupported_fields,
+        "tool_call_parser": args.tool_call_parser,
         "discovery": {"mode": args.discovery, "prefill": args.prefill, "decode": args.decode, "namespace": args.namespace,
                       "selectors": selectors or None, "port": args.node_port, "kubeconfig": args.kubeconfig},
     }

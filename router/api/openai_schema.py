@@ -82,10 +82,47 @@ class ContentPart(_Open):
     text: str | None = None
 
 
+FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for a function's name
+
+
+class FunctionDefinition(_Open):
+    name: str = Field(pattern=FUNCTION_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema of the arguments; none: any object
+    strict: bool | None = None  # the arguments always fit the schema when a call is forced, strict or not
+
+
+class Tool(_Open):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Open):
+    name: str
+
+
+class NamedToolChoice(_Open):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class FunctionCall(_Open):
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+
+
+class ToolCall(_Open):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Open):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool's result: the call it answers
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -99,6 +136,9 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # default: auto with tools
+    parallel_tool_calls: bool = True
 
 
 class TokenizeRequest(_Open):
@@ -107,6 +147,7 @@ class TokenizeRequest(_Open):
     model: str
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
+    tools: list[Tool] | None = None  # with messages: rendered as a chat request's are
     add_special_tokens: bool = True  # prompt: the tokenizer's BOS and the like (a template writes its own)
 
 
@@ -144,7 +185,8 @@ class CompletionChoice(_Choice):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None when the answer is tool calls alone
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatChoice(_Choice):

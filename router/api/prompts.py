@@ -6,9 +6,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvferry.engine.tokenizer import ModelTokenizer, NoChatTemplateError
 from kvferry.router.api.errors import APIError
+from kvferry.router.api.tool_calls import tools_system_text
+from kvferry.router.api.tool_parsers import ToolCallFormat
 
 # The engine's own default cap (engine/llm_engine.py) when a node is not given --max-model-len.
 ENGINE_MAX_MODEL_LEN = 8192
@@ -35,15 +38,26 @@ class PromptEncoder:
     def max_model_len(self) -> int:
         return self.limits.max_model_len
 
-    def chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """With tools: rendered by the template where it renders them, else told in a system message."""
+        template = self.tokenizer.chat_template(with_tools=True)
+        if tools and template is not None and "tools" not in template:
+            messages = _with_system_text(messages, tools_system_text(tools))
         try:
-            text = self.tokenizer.apply_chat_template(messages)
+            text = self.tokenizer.apply_chat_template(messages, tools=tools or None)
         except NoChatTemplateError as exc:
             raise APIError(400, str(exc), param="messages") from None
         except Exception as exc:  # noqa: BLE001 - templates raise what they like on messages they refuse
             raise APIError(400, f"the chat template refused the messages: {exc}", param="messages") from None
         # The template writes the special tokens (BOS) itself.
         return self.check(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def tool_call_format(self) -> ToolCallFormat:
+        """How the model writes a call it chooses to make: Llama 3's bare JSON where its template asks for that
+        (it speaks of `<|python_tag|>` or `ipython`), else Hermes' `<tool_call>` tags (Qwen's, and the ones
+        tools_system_text teaches a template without tools)."""
+        template = self.tokenizer.chat_template(with_tools=True) or ""
+        return "llama3_json" if "<|python_tag|>" in template or "ipython" in template else "hermes"
 
     def completion(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str) and not prompt:
@@ -86,3 +100,10 @@ class PromptEncoder:
 
     def token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _with_system_text(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """`text` first in the system message, or in a new one before the rest."""
+    if messages and messages[0]["role"] in ("system", "developer") and isinstance(messages[0].get("content"), str):
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]

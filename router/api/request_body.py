@@ -56,7 +56,9 @@ def unsupported_fields(part: BaseModel, path: str = "") -> list[str]:
     return found
 
 
-def sampling_spec(body: SamplingFields, max_tokens: int, logprobs: int | None) -> SamplingSpec:
+def sampling_spec(body: SamplingFields, max_tokens: int, logprobs: int | None,
+                  forced: GrammarSpec | None = None) -> SamplingSpec:
+    """`forced`: a grammar the request implies besides its structured output (a forced tool call's)."""
     def given(value: float | int | None, default: float | int) -> float | int:
         return default if value is None else value
 
@@ -71,7 +73,7 @@ def sampling_spec(body: SamplingFields, max_tokens: int, logprobs: int | None) -
         frequency_penalty=given(body.frequency_penalty, 0.0), repetition_penalty=given(body.repetition_penalty, 1.0),
         stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
         stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos, max_tokens=max_tokens,
-        min_tokens=body.min_tokens or 0, grammar=grammar_of(body), logprobs=logprobs,
+        min_tokens=body.min_tokens or 0, grammar=forced or grammar_of(body), logprobs=logprobs,
     )
     try:
         spec.to_params()  # the engine's own checks, before any node is called

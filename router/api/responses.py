@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 import orjson
 
+from kvferry.router.api.tool_parsers import ToolCallParser
+
 Kind = Literal["chat", "completion"]
 _TEXT_MARK = "\x00text\x00"  # where a template's text goes: no id, model name or number encodes to it
 TokenText = Callable[[int], str]
@@ -67,6 +69,15 @@ class Choice:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[dict[str, float]] = field(default_factory=list)
     finish_reason: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # chat with tools: the calls found in the text
+
+    def find_tool_calls(self, parser: ToolCallParser) -> None:
+        """The whole output read by `parser`: the calls out of the text, and the finish reason they make."""
+        parsed = parser.feed(self.text)
+        parsed += parser.finish()
+        self.text = parsed.content
+        self.tool_calls = [call.as_dict() for call in parser.calls] or None
+        self.finish_reason = parser.finish_reason(self.finish_reason)
 
 
 @dataclass(frozen=True)
@@ -98,7 +109,10 @@ class ResponseShape:
         for choice in choices:
             logprobs = self._logprobs(choice.token_ids, choice.logprobs, 0)
             body: dict[str, Any] = {"index": choice.index, "finish_reason": choice.finish_reason, "logprobs": logprobs}
-            if self.kind == "chat":
+            if self.kind == "chat" and choice.tool_calls:  # OpenAI's: no content but the calls, unless there is text
+                body["message"] = {"role": "assistant", "content": choice.text if choice.text.strip() else None,
+                                   "tool_calls": choice.tool_calls}
+            elif self.kind == "chat":
                 body["message"] = {"role": "assistant", "content": choice.text}
             else:
                 body["text"] = choice.text
@@ -116,6 +130,9 @@ class ResponseShape:
 
     def role_delta(self, index: int) -> dict[str, Any]:
         return {"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+
+    def tool_calls_delta(self, index: int, calls: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"index": index, "delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None}
 
     def delta(self, index: int, text: str, token_ids: list[int], entries: list[dict[str, float]] | None,
               finish_reason: str | None, offset: int) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from kvferry.router.api.openai_schema import (
 )
 from kvferry.router.api.prompts import PromptEncoder
 from kvferry.router.api.request_body import RequestCheck
+from kvferry.router.api.tool_calls import template_messages, template_tools
 
 
 class Tokenization:
@@ -23,7 +24,7 @@ class Tokenization:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", param="prompt")
         if body.messages is not None:
-            tokens = self.encoder.chat([{"role": m.role, "content": m.text()} for m in body.messages])
+            tokens = self.encoder.chat(template_messages(body.messages), template_tools(body.tools or []))
         else:
             tokens = self.encoder.tokens(body.prompt or "", body.add_special_tokens)
         return TokenizeResponse(count=len(tokens), max_model_len=self.encoder.max_model_len, tokens=tokens)

@@ -216,10 +216,10 @@ def test_bad_requests_raise_the_clients_error_classes(cluster):
 
 
 UNSUPPORTED = {
-    "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]},
+    "prediction": {"prediction": {"type": "content", "content": "x"}},
     "audio": {"audio": {"voice": "alloy", "format": "mp3"}},
     "logit_bias": {"logit_bias": {"5": 10}},
-    "messages[0].tool_calls": {"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]},
+    "messages[0].audio": {"messages": [{"role": "assistant", "content": "x", "audio": {"id": "a"}}]},
     "messages[0].content[0].type=image_url": {"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "data:,"}}]}]},
     "stream_options.continuous_usage_stats": {"stream": True, "stream_options": {"continuous_usage_stats": True}},
@@ -330,6 +330,100 @@ def test_a_structured_output_that_cannot_be_is_refused_by_name(cluster, fields, 
     assert refused.status_code == 400, refused.text
     error = refused.json()["error"]
     assert message in error["message"] and (param is None or error["param"] == param), error
+
+
+class WeatherArgs(BaseModel):
+    city: Literal["Paris", "Oslo", "Lima"]
+    days: int = Field(ge=1, le=7)
+
+
+class LookupArgs(BaseModel):
+    query: str = Field(max_length=20)
+    exact: bool
+
+
+TOOL_ARGS = {"weather": WeatherArgs, "lookup": LookupArgs}
+TOOLS = [{"type": "function", "function": {"name": name, "description": f"the {name} tool",
+                                           "parameters": model.model_json_schema()}} for name, model in TOOL_ARGS.items()]
+TOOL_MESSAGES = [{"role": "user", "content": "Weather in Paris for 2 days?"}]
+
+
+def _streamed_calls(chunks) -> tuple[list[tuple[str, str]], str | None]:
+    """The calls of a streamed choice (OpenAI's delta.tool_calls, put together by index), and its finish reason."""
+    calls: dict[int, list[str]] = {}
+    finish = None
+    for chunk in chunks:
+        for choice in chunk.choices:
+            finish = choice.finish_reason or finish
+            for delta in choice.delta.tool_calls or []:
+                entry = calls.setdefault(delta.index, ["", ""])
+                entry[0] += delta.function.name or ""
+                entry[1] += delta.function.arguments or ""
+    return [tuple(calls[index]) for index in sorted(calls)], finish
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "lookup"}}])
+def test_forced_tool_calls_fit_their_schemas_through_prefill_and_decode(cluster, tool_choice):
+    """A random model's calls, forced by the grammar: each names a tool and its arguments validate against that
+    tool's schema; greedy P -> D equals colocated; streamed equals whole."""
+    api, named = client(cluster["router"]), isinstance(tool_choice, dict)
+    request = {"model": "llama", "messages": TOOL_MESSAGES, "tools": TOOLS, "tool_choice": tool_choice,
+               "max_tokens": 200, "temperature": 0, "parallel_tool_calls": False}
+    whole = api.chat.completions.create(**request)
+    choice = whole.choices[0]
+    assert choice.finish_reason == ("stop" if named else "tool_calls") and choice.message.content is None, choice
+    found = [(call.function.name, call.function.arguments) for call in choice.message.tool_calls]
+    assert len(found) == 1 and TOOL_ARGS[found[0][0]].model_validate_json(found[0][1]), found
+    if named:
+        assert found[0][0] == "lookup"
+    colocated = client(cluster["colocated"]).chat.completions.create(**request).choices[0].message.tool_calls
+    assert [(call.function.name, call.function.arguments) for call in colocated] == found
+    assert _streamed_calls(api.chat.completions.create(**request, stream=True)) == (found, choice.finish_reason)
+
+
+def test_parallel_required_calls_each_fit_their_schema_whole_and_streamed(cluster):
+    """Several calls in one answer (a random model may go on calling until max_tokens: only whole calls count)."""
+    request = {"model": "llama", "messages": TOOL_MESSAGES, "tools": TOOLS, "tool_choice": "required",
+               "max_tokens": 120, "temperature": 1.0, "seed": 3}
+    choice = client(cluster["router"]).chat.completions.create(**request).choices[0]
+    calls = [(call.function.name, call.function.arguments) for call in choice.message.tool_calls]
+    assert len(calls) >= 2 and all(TOOL_ARGS[name].model_validate_json(arguments) for name, arguments in calls), choice
+    assert len({call.id for call in choice.message.tool_calls}) == len(calls)
+    streamed = _streamed_calls(client(cluster["router"]).chat.completions.create(**request, stream=True))
+    assert streamed == (calls, choice.finish_reason)
+
+
+def test_a_tool_round_trip_renders_the_tools_the_call_and_its_result(cluster):
+    """The call goes back as an assistant message, its result as a tool message; the prompt the router renders
+    (its /tokenize) holds the tools, the call and the result, and the answer comes."""
+    api = client(cluster["router"])
+    call = api.chat.completions.create(model="llama", messages=TOOL_MESSAGES, tools=TOOLS, tool_choice="required",
+                                       parallel_tool_calls=False, max_tokens=200, temperature=0).choices[0].message
+    messages = [*TOOL_MESSAGES, call.model_dump(exclude_none=True),
+                {"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": "sunny, 21 C"}]
+    answer = api.chat.completions.create(model="llama", messages=messages, tools=TOOLS, max_tokens=8, temperature=0)
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls"), answer
+    rendered = httpx.post(f"{cluster['router']}/tokenize", json={"model": "llama", "messages": messages, "tools": TOOLS},
+                          timeout=60).json()["tokens"]
+    assert answer.usage.prompt_tokens == len(rendered)
+    text = httpx.post(f"{cluster['router']}/detokenize", json={"model": "llama", "tokens": rendered}, timeout=60).json()
+    assert "sunny, 21 C" in text["prompt"] and '"name": "lookup"' in text["prompt"], text
+    assert call.tool_calls[0].function.name in text["prompt"]
+
+
+@pytest.mark.parametrize(("fields", "param", "message"), [
+    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "`nope`"),
+    ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice", "give one"),
+    ({"tools": [*TOOLS, TOOLS[0]]}, "tools", "same function name"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools", "tools.0.function.name: String should match"),
+])
+def test_a_tool_request_that_cannot_be_is_refused_by_name(cluster, fields, param, message):
+    body = {"model": "llama", "messages": TOOL_MESSAGES, "max_tokens": 4, **fields}
+    refused = httpx.post(f"{cluster['router']}/v1/chat/completions", json=body, timeout=60)
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert message in error["message"] and error["param"] == param, error
 
 
 def test_tokenize_and_detokenize_count_as_generation_does(cluster):
