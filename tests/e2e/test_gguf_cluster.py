@@ -1,6 +1,7 @@
 """`kvferry up --prefill 2 --decode 2` with no --model serves the default model (SmolLM2-135M-Instruct) as
 smollm2-135m-instruct; greedy output through prefill -> decode equals transformers', the official
-openai client gets Paris for the capital of France, and structured outputs fit 22 schemas."""
+openai client gets Paris for the capital of France, structured outputs fit 22 schemas, and required tool calls
+fit their tools' schemas."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
 
 import httpx
 import pytest
+from pydantic import BaseModel
 from support.real_model import MAX_NEW_TOKENS
 from support.redis_server import free_port
 from support.structured_schemas import SCHEMAS
@@ -117,3 +120,46 @@ def test_structured_outputs_fit_every_schema_and_prefill_decode_equals_colocated
               for schema in sent]
     expected = [output.outputs[0].text for output in colocated.generate(prompts, params)]
     assert served == dict(zip(SCHEMAS, expected, strict=True))
+
+
+class _Weather(BaseModel):
+    city: Literal["Paris", "Tokyo", "Lima"]
+    unit: Literal["celsius", "fahrenheit"]
+
+
+class _Time(BaseModel):
+    zone: Literal["CET", "JST", "PET"]
+
+
+TOOL_ARGUMENTS = {"get_weather": _Weather, "get_time": _Time}
+TOOLS = [{"type": "function", "function": {"name": name, "description": description, "parameters": model.model_json_schema()}}
+         for (name, model), description in zip(TOOL_ARGUMENTS.items(), ("the weather in a city", "the time in a zone"),
+                                               strict=True)]
+
+
+def test_required_tool_calls_validate_and_a_round_trip_answers(router):
+    """tool_choice=required with the official client, whole and streamed, through prefill -> decode: each call
+    names a tool and its arguments validate; the call and its result go back and the model answers in text."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{router}/v1", api_key="unused", max_retries=0, timeout=300)
+    messages = [{"role": "user", "content": "What is the weather in Paris, in celsius?"}]
+    request = {"model": SERVED_NAME, "messages": messages, "tools": TOOLS, "tool_choice": "required", "temperature": 0,
+               "max_tokens": 100}
+    whole = client.chat.completions.create(**request).choices[0]
+    calls = [(call.function.name, call.function.arguments) for call in whole.message.tool_calls]
+    assert whole.finish_reason == "tool_calls" and calls, whole
+    assert all(TOOL_ARGUMENTS[name].model_validate_json(arguments) for name, arguments in calls), calls
+    streamed: dict[int, list[str]] = {}
+    for chunk in client.chat.completions.create(**request, stream=True):
+        for delta in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
+            entry = streamed.setdefault(delta.index, ["", ""])
+            entry[0] += delta.function.name or ""
+            entry[1] += delta.function.arguments or ""
+    assert [tuple(streamed[index]) for index in sorted(streamed)] == calls
+    results = [{"role": "tool", "tool_call_id": call.id, "content": "18 degrees celsius and sunny"}
+               for call in whole.message.tool_calls]
+    final = client.chat.completions.create(model=SERVED_NAME, messages=[*messages, whole.message.model_dump(exclude_none=True),
+                                                                        *results],
+                                           tools=TOOLS, tool_choice="none", temperature=0, max_tokens=40).choices[0]
+    assert final.message.content and not final.message.tool_calls, final
