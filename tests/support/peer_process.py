@@ -7,12 +7,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 # The peer imports `support.*` from tests/, and only from there: -P keeps the checkout root (its cwd) off
 # its sys.path, where folders such as kernels/ would stand in for installed packages (tests/conftest.py).
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
+STOP_WAIT_SECONDS = 10
 
 
 class PeerProcess:
@@ -40,15 +42,28 @@ class PeerProcess:
         return self._read()
 
     def pause(self) -> None:
+        """SIGSTOP, returned once every thread has stopped. The kernel stops a process's threads as each next
+        runs, not within kill(): on a busy machine the peer's UCX thread answered a message sent after kill()
+        had returned (a hello the test expected to time out was acknowledged, once in CI)."""
         os.kill(self.process.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + STOP_WAIT_SECONDS
+        while not self.stopped():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"peer {self.name} did not stop within {STOP_WAIT_SECONDS} s of SIGSTOP")
+            time.sleep(0.001)
 
     def resume(self) -> None:
         os.kill(self.process.pid, signal.SIGCONT)
 
     def stopped(self) -> bool:
-        """It stopped itself (SIGSTOP): its state in /proc is T."""
-        stat = Path(f"/proc/{self.process.pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] == "T"
+        """Every thread of it is stopped (SIGSTOP): each one's state in /proc is T."""
+        states = []
+        for task in Path(f"/proc/{self.process.pid}/task").iterdir():
+            try:
+                states.append((task / "stat").read_text().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:  # a thread that ended meanwhile
+                continue
+        return bool(states) and all(state == "T" for state in states)
 
     def kill(self) -> None:
         if self.process.poll() is None:
