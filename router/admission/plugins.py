@@ -28,7 +28,7 @@ class PluginContext:
 
     kind: Literal["chat", "completion"]
     model: str
-    messages: list[dict[str, str]] | None = None  # chat: role and text content
+    messages: list[dict[str, Any]] | None = None  # chat: role and text content (and tool_calls, tool_call_id)
     prompts: list[str | list[int]] | None = None  # completion: text or token ids per prompt
     prompt_token_ids: list[list[int]] | None = None  # set once tokenized, before on_tokens
     user: str | None = None  # the request's `user`: the end user, as the client names them
