@@ -40,9 +40,10 @@ class PromptEncoder:
 
     def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """With tools: rendered by the template where it renders them, else told in a system message."""
-        template = self.tokenizer.chat_template(with_tools=True)
-        if tools and template is not None and "tools" not in template:
-            messages = _with_system_text(messages, tools_system_text(tools))
+        if tools:
+            template = self.tokenizer.chat_template(with_tools=True)
+            if template is not None and "tools" not in template:  # (none: the 400 below)
+                messages = _with_system_text(messages, tools_system_text(tools))
         try:
             text = self.tokenizer.apply_chat_template(messages, tools=tools or None)
         except NoChatTemplateError as exc:

@@ -58,7 +58,11 @@ def unsupported_fields(part: BaseModel, path: str = "") -> list[str]:
 
 def sampling_spec(body: SamplingFields, max_tokens: int, logprobs: int | None,
                   forced: GrammarSpec | None = None) -> SamplingSpec:
-    """`forced`: a grammar the request implies besides its structured output (a forced tool call's)."""
+    """`forced`: the grammar of a forced tool call, which a structured output cannot join."""
+    structured = grammar_of(body)
+    if forced is not None and structured is not None:
+        raise APIError(400, "a forced tool call and a structured output both constrain the answer: give one",
+                       param="tool_choice")
     def given(value: float | int | None, default: float | int) -> float | int:
         return default if value is None else value
 
@@ -73,7 +77,7 @@ def sampling_spec(body: SamplingFields, max_tokens: int, logprobs: int | None,
         frequency_penalty=given(body.frequency_penalty, 0.0), repetition_penalty=given(body.repetition_penalty, 1.0),
         stop=[body.stop] if isinstance(body.stop, str) else list(body.stop or []),
         stop_token_ids=list(body.stop_token_ids or []), ignore_eos=body.ignore_eos, max_tokens=max_tokens,
-        min_tokens=body.min_tokens or 0, grammar=forced or grammar_of(body), logprobs=logprobs,
+        min_tokens=body.min_tokens or 0, grammar=forced or structured, logprobs=logprobs,
     )
     try:
         spec.to_params()  # the engine's own checks, before any node is called

@@ -38,7 +38,7 @@ class ToolUse:
     @classmethod
     def of(cls, body: ChatCompletionRequest, fmt: ToolCallFormat) -> ToolUse | None:
         """None when the request offers no tools or says `none`. Raises APIError (400, naming the field) for a
-        choice without tools, an unknown function, or a forced call with a structured output besides."""
+        choice without tools, two tools of one name, or an unknown function."""
         choice = body.tool_choice
         if not body.tools:
             if choice not in (None, "none"):
@@ -53,12 +53,7 @@ class ToolUse:
         if named not in (None, "auto", "required") and named not in names:
             raise APIError(400, f"tool_choice names the function `{named}`, which is not among the tools "
                            f"({', '.join(names)})", param="tool_choice")
-        use = cls(body.tools, named or "auto", body.parallel_tool_calls, fmt)
-        if use.choice != "auto" and (body.response_format is not None and body.response_format.type != "text"
-                                     or body.structured_outputs is not None):
-            raise APIError(400, "a forced tool call and a structured output both constrain the answer: give one",
-                           param="tool_choice")
-        return use
+        return cls(body.tools, named or "auto", body.parallel_tool_calls, fmt)
 
     def template_tools(self) -> list[dict[str, Any]]:
         return template_tools(self.tools)

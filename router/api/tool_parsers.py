@@ -11,6 +11,7 @@ What a call looks like in the text depends on who decided to call:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from dataclasses import dataclass, field
@@ -70,15 +71,15 @@ class ToolCallParser:
         self.calls.append(call)
         return {"index": len(self.calls) - 1, **call.as_dict()}
 
-    def _call_from_json(self, text: str, arguments_key: str) -> dict[str, Any] | None:
-        """A delta for `{"name": ..., arguments_key: {...}}`, or None for text that is not one."""
+    def _call_from_json(self, text: str) -> dict[str, Any] | None:
+        """A delta for `{"name": ..., "arguments" or "parameters": {...}}`, or None for text that is not one."""
         try:
             value = json.loads(text)
         except ValueError:
             return None
         if not isinstance(value, dict) or not isinstance(value.get("name"), str):
             return None
-        arguments = value.get(arguments_key, value.get("arguments", value.get("parameters", {})))
+        arguments = value.get("arguments", value.get("parameters", {}))
         return self._call(value["name"], json.dumps(arguments, ensure_ascii=False))
 
 
@@ -100,7 +101,7 @@ class HermesParser(ToolCallParser):
                 if end < 0:
                     return out
                 body, self.pending, self.in_call = self.pending[:end], self.pending[end + len(HERMES_CLOSE):], False
-                delta = self._call_from_json(body.strip(), "arguments")
+                delta = self._call_from_json(body.strip())
                 if delta is None:  # not a call after all: the model's text, as written
                     out.content += HERMES_OPEN + body + HERMES_CLOSE
                 else:
@@ -141,7 +142,7 @@ class Llama3JsonParser(ToolCallParser):
 
     def finish(self) -> Parsed:
         held, self.held = self.held or "", None
-        deltas = [self._call_from_json(part, "parameters") for part in _json_objects(held)]
+        deltas = [self._call_from_json(part) for part in _json_objects(held)]
         if deltas and all(delta is not None for delta in deltas):
             return Parsed(deltas=deltas)  # type: ignore[arg-type]
         self.calls.clear()
@@ -171,7 +172,7 @@ class RequiredParser(ToolCallParser):
             elif char in "]}":
                 self.depth -= 1
                 if self.depth == 1 and char == "}":
-                    delta = self._call_from_json(self.item, "parameters")
+                    delta = self._call_from_json(self.item)
                     if delta is not None:
                         out.deltas.append(delta)
                     self.item = ""
@@ -186,20 +187,17 @@ class NamedParser(ToolCallParser):
     def __init__(self, name: str) -> None:
         super().__init__()
         self.name = name
-        self.arguments = ""
+        self.arguments = ""  # all of them so far; the call's first delta brings its id and name
 
     def feed(self, text: str) -> Parsed:
-        if not self.calls:
-            first = self._call(self.name, "")
-            self.arguments = text
-            first["function"]["arguments"] = text
-            return Parsed(deltas=[first])
         self.arguments += text
+        if not self.calls:
+            return Parsed(deltas=[self._call(self.name, text)])
         return Parsed(deltas=[{"index": 0, "function": {"arguments": text}}] if text else [])
 
     def finish(self) -> Parsed:
-        out = Parsed() if self.calls else self.feed("")
-        self.calls[0] = ToolCallOut(self.calls[0].id, self.name, self.arguments)
+        out = self.feed("")  # a call even when no arguments came
+        self.calls[0] = dataclasses.replace(self.calls[0], arguments=self.arguments)
         return out
 
 

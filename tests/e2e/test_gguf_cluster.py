@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from support.real_model import MAX_NEW_TOKENS
 from support.redis_server import free_port
 from support.structured_schemas import SCHEMAS
+from support.tool_call_stream import streamed_tool_calls
 
 SERVED_NAME = "smollm2-135m-instruct"
 STRUCTURED_MAX_TOKENS = 300
@@ -150,13 +151,7 @@ def test_required_tool_calls_validate_and_a_round_trip_answers(router):
     calls = [(call.function.name, call.function.arguments) for call in whole.message.tool_calls]
     assert whole.finish_reason == "tool_calls" and calls, whole
     assert all(TOOL_ARGUMENTS[name].model_validate_json(arguments) for name, arguments in calls), calls
-    streamed: dict[int, list[str]] = {}
-    for chunk in client.chat.completions.create(**request, stream=True):
-        for delta in chunk.choices[0].delta.tool_calls or [] if chunk.choices else []:
-            entry = streamed.setdefault(delta.index, ["", ""])
-            entry[0] += delta.function.name or ""
-            entry[1] += delta.function.arguments or ""
-    assert [tuple(streamed[index]) for index in sorted(streamed)] == calls
+    assert streamed_tool_calls(client.chat.completions.create(**request, stream=True)) == (calls, "tool_calls")
     results = [{"role": "tool", "tool_call_id": call.id, "content": "18 degrees celsius and sunny"}
                for call in whole.message.tool_calls]
     final = client.chat.completions.create(model=SERVED_NAME, messages=[*messages, whole.message.model_dump(exclude_none=True),

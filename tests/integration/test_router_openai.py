@@ -32,6 +32,7 @@ from schemathesis.specs.openapi.checks import (
 )
 from support.fake_node import StallingPrefillNode
 from support.redis_server import free_port
+from support.tool_call_stream import streamed_tool_calls
 from tokenizers import Tokenizer
 
 pytestmark = pytest.mark.slow
@@ -348,20 +349,6 @@ TOOLS = [{"type": "function", "function": {"name": name, "description": f"the {n
 TOOL_MESSAGES = [{"role": "user", "content": "Weather in Paris for 2 days?"}]
 
 
-def _streamed_calls(chunks) -> tuple[list[tuple[str, str]], str | None]:
-    """The calls of a streamed choice (OpenAI's delta.tool_calls, put together by index), and its finish reason."""
-    calls: dict[int, list[str]] = {}
-    finish = None
-    for chunk in chunks:
-        for choice in chunk.choices:
-            finish = choice.finish_reason or finish
-            for delta in choice.delta.tool_calls or []:
-                entry = calls.setdefault(delta.index, ["", ""])
-                entry[0] += delta.function.name or ""
-                entry[1] += delta.function.arguments or ""
-    return [tuple(calls[index]) for index in sorted(calls)], finish
-
-
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "lookup"}}])
 def test_forced_tool_calls_fit_their_schemas_through_prefill_and_decode(cluster, tool_choice):
     """A random model's calls, forced by the grammar: each names a tool and its arguments validate against that
@@ -378,7 +365,7 @@ def test_forced_tool_calls_fit_their_schemas_through_prefill_and_decode(cluster,
         assert found[0][0] == "lookup"
     colocated = client(cluster["colocated"]).chat.completions.create(**request).choices[0].message.tool_calls
     assert [(call.function.name, call.function.arguments) for call in colocated] == found
-    assert _streamed_calls(api.chat.completions.create(**request, stream=True)) == (found, choice.finish_reason)
+    assert streamed_tool_calls(api.chat.completions.create(**request, stream=True)) == (found, choice.finish_reason)
 
 
 def test_parallel_required_calls_each_fit_their_schema_whole_and_streamed(cluster):
@@ -389,7 +376,7 @@ def test_parallel_required_calls_each_fit_their_schema_whole_and_streamed(cluste
     calls = [(call.function.name, call.function.arguments) for call in choice.message.tool_calls]
     assert len(calls) >= 2 and all(TOOL_ARGS[name].model_validate_json(arguments) for name, arguments in calls), choice
     assert len({call.id for call in choice.message.tool_calls}) == len(calls)
-    streamed = _streamed_calls(client(cluster["router"]).chat.completions.create(**request, stream=True))
+    streamed = streamed_tool_calls(client(cluster["router"]).chat.completions.create(**request, stream=True))
     assert streamed == (calls, choice.finish_reason)
 
 

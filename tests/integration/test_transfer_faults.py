@@ -139,10 +139,7 @@ def test_a_receiver_killed_after_accepting_a_write_leaves_the_sender_working(red
     handle = DestinationHandle.from_json(receiver.call("expect", request_id="r", block_ids=list(range(1, 60)))["handle"])
     write = engine.batch_transfer_write_async(name, [pool.tensor.data_ptr()], [handle.base_address + pool.block_bytes()],
                                               [pool.block_bytes()], token=handle.token)
-    deadline = time.monotonic() + 5
-    while not receiver.stopped() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert receiver.stopped(), "the receiver did not stop at the write's complete"
+    assert receiver.wait_stopped(5), "the receiver did not stop at the write's complete"
     receiver.kill()
     with pytest.raises(TransferTimeoutError):
         write.result(timeout=5)

@@ -46,11 +46,8 @@ class PeerProcess:
         runs, not within kill(): on a busy machine the peer's UCX thread answered a message sent after kill()
         had returned (a hello the test expected to time out was acknowledged, once in CI)."""
         os.kill(self.process.pid, signal.SIGSTOP)
-        deadline = time.monotonic() + STOP_WAIT_SECONDS
-        while not self.stopped():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"peer {self.name} did not stop within {STOP_WAIT_SECONDS} s of SIGSTOP")
-            time.sleep(0.001)
+        if not self.wait_stopped(STOP_WAIT_SECONDS):
+            raise RuntimeError(f"peer {self.name} did not stop within {STOP_WAIT_SECONDS} s of SIGSTOP")
 
     def resume(self) -> None:
         os.kill(self.process.pid, signal.SIGCONT)
@@ -64,6 +61,15 @@ class PeerProcess:
             except FileNotFoundError:  # a thread that ended meanwhile
                 continue
         return bool(states) and all(state == "T" for state in states)
+
+    def wait_stopped(self, timeout: float) -> bool:
+        """Whether every thread of it stopped within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while not self.stopped():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
 
     def kill(self) -> None:
         if self.process.poll() is None:
