@@ -87,7 +87,8 @@ def find_chat_templates(model_dir: Path, tokenizer_config: dict[str, Any]) -> di
 
 
 class ModelTokenizer:
-    def __init__(self, model_dir: str | Path) -> None:
+    def __init__(self, model_dir: str | Path, chat_template: str | None = None) -> None:
+        """`chat_template`: a template's source to use instead of the model's own (vLLM's --chat-template)."""
         model_dir = Path(model_dir)
         path = model_dir / "tokenizer.json"
         if not path.is_file():
@@ -101,7 +102,7 @@ class ModelTokenizer:
             self.special_tokens["additional_special_tokens"] = [_token_text(token) for token in extra]
         self.bos_token = self.special_tokens.get("bos_token")
         self.eos_token = self.special_tokens.get("eos_token")
-        self.chat_templates = find_chat_templates(model_dir, config)
+        self.chat_templates = {"default": chat_template} if chat_template else find_chat_templates(model_dir, config)
         self.eos_token_id = self.tokenizer.token_to_id(self.eos_token) if self.eos_token else None
 
     @property

@@ -96,7 +96,8 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
                            config.probe_timeout_seconds)
     if index is None and config.redis.url:
         index = prefix_index_from(config.redis.url, model)
-    encoder = PromptEncoder(config.model.path, ModelLimits.from_dir(config.model.path, config.model.max_model_len))
+    encoder = PromptEncoder(config.model.path, ModelLimits.from_dir(config.model.path, config.model.max_model_len),
+                            config.model.chat_template_source())
     pd = PDDecision(config.disaggregation, config.disaggregation_min_tokens)
     admission = Admission(config.max_inflight)
     flow = PDFlow(client, NodeStreams(node_headers), cluster, metrics, config.prefill_timeout_seconds, pd)
@@ -108,7 +109,8 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
         migration=Migration(flow, metrics, config.max_migrations),
         metrics=metrics, plugins=load_plugins(config.plugins), admission=admission,
         default_max_tokens=config.default_max_tokens, check=check,
-        tool_call_format=encoder.tool_call_format() if config.tool_call_parser == "auto" else config.tool_call_parser,
+        output_form=encoder.output_form(None if config.tool_call_parser == "auto" else config.tool_call_parser,
+                                        None if config.reasoning_parser == "auto" else config.reasoning_parser == "think"),
     )
     tokenization = Tokenization(encoder, check)
     started = int(time.time())

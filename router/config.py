@@ -25,7 +25,17 @@ class _Section(BaseModel):
 class ModelSection(_Section):
     path: str
     served_name: str | None = None
+    chat_template: str | None = None  # a Jinja file to use instead of the model's own template
     max_model_len: int | None = None  # default: the nodes' reports, else config.json (capped at 8192)
+
+    def chat_template_source(self) -> str | None:
+        """The chat_template file's text; None: the model's own template."""
+        if self.chat_template is None:
+            return None
+        try:
+            return Path(self.chat_template).read_text()
+        except OSError as exc:
+            raise ValueError(f"model.chat_template: cannot read {self.chat_template}: {exc.strerror}") from None
 
 
 class RedisSection(_Section):
@@ -86,6 +96,8 @@ class RouterConfig(_Section):
     unsupported_fields: UnsupportedFields = "reject"
     # How the model writes the tool calls it chooses (`tool_choice: auto`): auto, from its chat template.
     tool_call_parser: Literal["auto", "hermes", "llama3_json"] = "auto"
+    # A thinking model's `<think>` blocks go to reasoning_content: auto, where its chat template writes them.
+    reasoning_parser: Literal["auto", "think", "none"] = "auto"
 
     @model_validator(mode="after")
     def _known_policy(self) -> RouterConfig:

@@ -25,12 +25,13 @@ from kvferry.router.api.openai_schema import (
     ChatCompletionRequest,
     CompletionRequest,
 )
+from kvferry.router.api.output_parser import ChoiceSplit, OutputForm, OutputParser
 from kvferry.router.api.prompts import PromptEncoder
+from kvferry.router.api.reasoning import thinking_open
 from kvferry.router.api.request_body import RequestCheck, sampling_spec
 from kvferry.router.api.responses import Choice, ResponseShape, sse
 from kvferry.router.api.streams import merge_streams
 from kvferry.router.api.tool_calls import ToolUse, template_messages
-from kvferry.router.api.tool_parsers import ToolCallFormat, ToolCallParser
 from kvferry.router.discovery.cluster import ClusterState
 from kvferry.router.discovery.nodes import NodeView
 from kvferry.router.dispatch.migration import Migration
@@ -53,7 +54,13 @@ class Prepared:
     echoes: list[str] | None  # echo: the prompt's text, per generated choice
     num_prompts: int
     returned_per_prompt: int  # n; fewer than generated with best_of
-    tool_use: ToolUse | None  # chat with tools: each choice's output is parsed for calls
+    split: ChoiceSplit | None  # chat: what each choice's output is split into (thinking, tool calls)
+
+    def parsers(self) -> list[OutputParser] | None:
+        """One per choice, None when nothing is split."""
+        if self.split is None or not self.split.splits:
+            return None
+        return [self.split.parser() for _ in self.subs]
 
 
 @dataclass(frozen=True)
@@ -70,11 +77,11 @@ class CompletionService:
     def __init__(self, *, model: str, encoder: PromptEncoder, cluster: ClusterState, lookup: PrefixLookup,
                  scheduler: Scheduler, migration: Migration, metrics: RouterMetrics, plugins: PluginChain,
                  admission: Admission, default_max_tokens: int | None, check: RequestCheck,
-                 tool_call_format: ToolCallFormat) -> None:
+                 output_form: OutputForm) -> None:
         self.model, self.encoder, self.cluster, self.scheduler = model, encoder, cluster, scheduler
         self.lookup, self.migration, self.metrics, self.plugins = lookup, migration, metrics, plugins
         self.admission, self.default_max_tokens, self.check = admission, default_max_tokens, check
-        self.tool_call_format = tool_call_format
+        self.output_form = output_form
 
     async def serve(self, body: CompletionRequest | ChatCompletionRequest, request: Request) -> Response:
         arrived = time.perf_counter()
@@ -124,8 +131,8 @@ class CompletionService:
             choice.text = self.plugins.on_output(context, choice.text)
             if prepared.echoes is not None:
                 choice.text = prepared.echoes[choice.index] + choice.text
-            if prepared.tool_use is not None:
-                choice.find_tool_calls(prepared.tool_use.parser())
+        for choice, parser in zip(choices, prepared.parsers() or [], strict=False):
+            choice.split(parser)
         clock.done()
         # Usage counts every token generated, the best_of choices left out too (each was computed).
         completion_tokens = sum(len(choice.token_ids) for choice in choices)
@@ -135,13 +142,15 @@ class CompletionService:
         return shape.whole(choices, prepared.prompt_tokens, completion_tokens)
 
     def _prepare(self, body: CompletionRequest | ChatCompletionRequest) -> Prepared:
-        echoes, tool_use = None, None
+        echoes, split, tool_use = None, None, None
         if isinstance(body, ChatCompletionRequest):
-            tool_use = ToolUse.of(body, self.tool_call_format)
+            tool_use = ToolUse.of(body, self.output_form.tool_calls)
             context = PluginContext("chat", body.model, messages=template_messages(body.messages), user=body.user)
             self.plugins.on_request(context)
-            context.prompt_token_ids = [self.encoder.chat(context.messages or [],
-                                                          tool_use.template_tools() if tool_use else None)]
+            prompt = self.encoder.chat(context.messages or [], tool_use.template_tools() if tool_use else None,
+                                       body.chat_template_kwargs)
+            context.prompt_token_ids = [prompt.token_ids]
+            split = ChoiceSplit(tool_use, thinking_open(prompt.text) if self.output_form.thinks else None)
             requested = body.max_completion_tokens or body.max_tokens or self.default_max_tokens
             logprobs = (body.top_logprobs or 0) if body.logprobs else None
             generated = body.n
@@ -178,7 +187,7 @@ class CompletionService:
         shape = ResponseShape(kind, f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                               self.model, logprobs, self.encoder.token_text)
         return Prepared(shape, sum(len(ids) for ids in prompt_ids), subs, context, echoes, len(prompt_ids), body.n,
-                        tool_use)
+                        split)
 
     def _echoes(self, body: CompletionRequest, context: PluginContext, generated: int) -> list[str]:
         """Each generated choice's prompt text: the prompt as given (after plugins), a token prompt decoded."""
@@ -233,8 +242,7 @@ class CompletionService:
     async def _sse(self, prepared: Prepared, merged: AsyncIterator[tuple[int, list[dict]]],
                    first: tuple[int, list[dict]] | None, include_usage: bool, arrived: float) -> AsyncIterator[bytes]:
         status, shape, num_choices = 200, prepared.shape, len(prepared.subs)
-        parsers = [prepared.tool_use.parser() for _ in range(num_choices)] if prepared.tool_use else None
-        events = _EventWriter(shape, self.plugins, prepared.context, num_choices, include_usage, parsers)
+        events = _EventWriter(shape, self.plugins, prepared.context, num_choices, include_usage, prepared.parsers())
         clock = _TokenClock(self.metrics, arrived)
         try:
             async with contextlib.aclosing(merged):  # type: ignore[type-var]
@@ -269,9 +277,9 @@ class _EventWriter:
     """The SSE events of one streamed response's batches of node chunks."""
 
     def __init__(self, shape: ResponseShape, plugins: PluginChain, context: PluginContext, num_choices: int,
-                 include_usage: bool, parsers: list[ToolCallParser] | None) -> None:
+                 include_usage: bool, parsers: list[OutputParser] | None) -> None:
         self.shape, self.plugins, self.context, self.include_usage = shape, plugins, context, include_usage
-        self.parsers = parsers  # per choice, with tools: what is content and what is a call
+        self.parsers = parsers  # per choice: what is thinking, what is content and what is a call
         self.offsets = [0] * num_choices  # text sent per choice (completion logprobs' text_offset)
         self.completion_tokens = 0
 
@@ -289,10 +297,12 @@ class _EventWriter:
                     parsed += parser.finish()
                     finish = parser.finish_reason(finish)
                 text = parsed.content
+                if parsed.reasoning:
+                    events.append(sse(shape.chunk([shape.reasoning_delta(index, parsed.reasoning)], with_usage)))
                 if parsed.deltas:
                     events.append(sse(shape.chunk([shape.tool_calls_delta(index, parsed.deltas)], with_usage)))
                 if not text and finish is None and shape.logprobs is None:
-                    continue  # held back: perhaps a call
+                    continue  # held back: perhaps a tag, or sent as thinking or calls
             if finish is None and shape.logprobs is None:  # nearly every token: from a template
                 events.append(shape.text_event(index, text, with_usage))
             elif shape.kind == "chat" and finish is not None and text:  # OpenAI ends a choice with an empty delta

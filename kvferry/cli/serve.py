@@ -93,6 +93,9 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
                         help="request fields kvferry does not implement: a 400 naming them (default) or a logged warning")
     parser.add_argument("--tool-call-parser", choices=("auto", "hermes", "llama3_json"), default=None,
                         help="how the model writes the tool calls it chooses (default auto: from its chat template)")
+    parser.add_argument("--reasoning-parser", choices=("auto", "think", "none"), default=None,
+                        help="split <think> blocks into reasoning_content (default auto: where the chat template writes them)")
+    parser.add_argument("--chat-template", default=None, help="a Jinja chat template file, instead of the model's own")
 
 
 def _selector(text: str | None) -> dict[str, str] | None:
@@ -110,7 +113,8 @@ def router_config_from(args: argparse.Namespace) -> RouterConfig:
 
     selectors = {role: s for role in ("prefill", "decode") if (s := _selector(getattr(args, f"{role}_selector")))}
     overrides = {
-        "model": {"path": args.model, "served_name": args.served_model_name, "max_model_len": args.max_model_len},
+        "model": {"path": args.model, "served_name": args.served_model_name, "max_model_len": args.max_model_len,
+                  "chat_template": args.chat_template},
         "redis": {"url": args.redis_url},
         "registry": args.registry,
         "policy": args.policy,
@@ -122,6 +126,7 @@ def router_config_from(args: argparse.Namespace) -> RouterConfig:
         "default_max_tokens": args.default_max_tokens,
         "unsupported_fields": args.unsupported_fields,
         "tool_call_parser": args.tool_call_parser,
+        "reasoning_parser": args.reasoning_parser,
         "discovery": {"mode": args.discovery, "prefill": args.prefill, "decode": args.decode, "namespace": args.namespace,
                       "selectors": selectors or None, "port": args.node_port, "kubeconfig": args.kubeconfig},
     }

@@ -139,6 +139,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None  # default: auto with tools
     parallel_tool_calls: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None  # the template's variables (vLLM's): enable_thinking, ...
 
 
 class TokenizeRequest(_Open):
@@ -148,6 +149,7 @@ class TokenizeRequest(_Open):
     prompt: str | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
     tools: list[Tool] | None = None  # with messages: rendered as a chat request's are
+    chat_template_kwargs: dict[str, Any] | None = None
     add_special_tokens: bool = True  # prompt: the tokenizer's BOS and the like (a template writes its own)
 
 

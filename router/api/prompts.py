@@ -10,9 +10,13 @@ from typing import Any
 
 from kvferry.engine.tokenizer import ModelTokenizer, NoChatTemplateError
 from kvferry.router.api.errors import APIError
+from kvferry.router.api.output_parser import OutputForm
+from kvferry.router.api.reasoning import template_thinks
 from kvferry.router.api.tool_calls import tools_system_text
 from kvferry.router.api.tool_parsers import ToolCallFormat
 
+# Variables a request's chat_template_kwargs cannot set: the template gets them from the request itself.
+RESERVED_TEMPLATE_VARIABLES = ("messages", "tools", "add_generation_prompt")
 # The engine's own default cap (engine/llm_engine.py) when a node is not given --max-model-len.
 ENGINE_MAX_MODEL_LEN = 8192
 
@@ -29,36 +33,52 @@ class ModelLimits:
         return cls(max_model_len=max_model_len or context, vocab_size=int(config["vocab_size"]))
 
 
+@dataclass(frozen=True)
+class ChatPrompt:
+    text: str  # as the template wrote it (where the output starts: inside a thinking block or not)
+    token_ids: list[int]
+
+
 class PromptEncoder:
-    def __init__(self, model_dir: str | Path, limits: ModelLimits) -> None:
-        self.tokenizer = ModelTokenizer(model_dir)
+    def __init__(self, model_dir: str | Path, limits: ModelLimits, chat_template: str | None = None) -> None:
+        """`chat_template`: the template's source, instead of the model's own."""
+        self.tokenizer = ModelTokenizer(model_dir, chat_template)
         self.limits = limits
 
     @property
     def max_model_len(self) -> int:
         return self.limits.max_model_len
 
-    def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
-        """With tools: rendered by the template where it renders them, else told in a system message."""
+    def chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+             template_kwargs: dict[str, Any] | None = None) -> ChatPrompt:
+        """With tools: rendered by the template where it renders them, else told in a system message.
+        `template_kwargs`: the request's chat_template_kwargs (`enable_thinking`, ...), variables of the template."""
+        reserved = sorted(set(template_kwargs or {}) & set(RESERVED_TEMPLATE_VARIABLES))
+        if reserved:
+            raise APIError(400, f"chat_template_kwargs cannot set {', '.join(reserved)}: the request's own fields do",
+                           param="chat_template_kwargs")
         if tools:
             template = self.tokenizer.chat_template(with_tools=True)
             if template is not None and "tools" not in template:  # (none: the 400 below)
                 messages = _with_system_text(messages, tools_system_text(tools))
         try:
-            text = self.tokenizer.apply_chat_template(messages, tools=tools or None)
+            text = self.tokenizer.apply_chat_template(messages, tools=tools or None, **(template_kwargs or {}))
         except NoChatTemplateError as exc:
             raise APIError(400, str(exc), param="messages") from None
         except Exception as exc:  # noqa: BLE001 - templates raise what they like on messages they refuse
             raise APIError(400, f"the chat template refused the messages: {exc}", param="messages") from None
         # The template writes the special tokens (BOS) itself.
-        return self.check(self.tokenizer.encode(text, add_special_tokens=False))
+        return ChatPrompt(text, self.check(self.tokenizer.encode(text, add_special_tokens=False)))
 
-    def tool_call_format(self) -> ToolCallFormat:
-        """How the model writes a call it chooses to make: Llama 3's bare JSON where its template asks for that
-        (it speaks of `<|python_tag|>` or `ipython`), else Hermes' `<tool_call>` tags (Qwen's, and the ones
-        tools_system_text teaches a template without tools)."""
+    def output_form(self, tool_calls: ToolCallFormat | None, thinks: bool | None) -> OutputForm:
+        """How the model writes calls and thinking: as given (the router's settings), else read from its template.
+        Calls: Llama 3's bare JSON where the template asks for that (it speaks of `<|python_tag|>` or `ipython`),
+        else Hermes' `<tool_call>` tags (Qwen's, and the ones tools_system_text teaches a template without tools).
+        Thinking: where the template writes `</think>`."""
         template = self.tokenizer.chat_template(with_tools=True) or ""
-        return "llama3_json" if "<|python_tag|>" in template or "ipython" in template else "hermes"
+        if tool_calls is None:
+            tool_calls = "llama3_json" if "<|python_tag|>" in template or "ipython" in template else "hermes"
+        return OutputForm(tool_calls, template_thinks(self.tokenizer.chat_template()) if thinks is None else thinks)
 
     def completion(self, prompt: str | list[int]) -> list[int]:
         if isinstance(prompt, str) and not prompt:

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 import orjson
 
-from kvferry.router.api.tool_parsers import ToolCallParser
+from kvferry.router.api.output_parser import OutputParser
 
 Kind = Literal["chat", "completion"]
 _TEXT_MARK = "\x00text\x00"  # where a template's text goes: no id, model name or number encodes to it
@@ -70,12 +70,15 @@ class Choice:
     logprobs: list[dict[str, float]] = field(default_factory=list)
     finish_reason: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # chat with tools: the calls found in the text
+    reasoning: str | None = None  # a thinking model's: its thinking, apart from the answer in `text`
 
-    def find_tool_calls(self, parser: ToolCallParser) -> None:
-        """The whole output read by `parser`: the calls out of the text, and the finish reason they make."""
+    def split(self, parser: OutputParser) -> None:
+        """The whole output read by `parser`: the thinking and the calls out of the text, and the finish reason
+        the calls make."""
         parsed = parser.feed(self.text)
         parsed += parser.finish()
         self.text = parsed.content
+        self.reasoning = parser.reasoning_content(parsed.reasoning)
         self.tool_calls = [call.as_dict() for call in parser.calls] or None
         self.finish_reason = parser.finish_reason(self.finish_reason)
 
@@ -109,11 +112,13 @@ class ResponseShape:
         for choice in choices:
             logprobs = self._logprobs(choice.token_ids, choice.logprobs, 0)
             body: dict[str, Any] = {"index": choice.index, "finish_reason": choice.finish_reason, "logprobs": logprobs}
-            if self.kind == "chat" and choice.tool_calls:  # OpenAI's: no content but the calls, unless there is text
-                body["message"] = {"role": "assistant", "content": choice.text if choice.text.strip() else None,
-                                   "tool_calls": choice.tool_calls}
-            elif self.kind == "chat":
-                body["message"] = {"role": "assistant", "content": choice.text}
+            if self.kind == "chat":
+                body["message"] = message = {"role": "assistant", "content": choice.text}
+                if choice.tool_calls:  # OpenAI's: no content but the calls, unless there is text
+                    message["content"] = choice.text if choice.text.strip() else None
+                    message["tool_calls"] = choice.tool_calls
+                if choice.reasoning is not None:
+                    message["reasoning_content"] = choice.reasoning
             else:
                 body["text"] = choice.text
             body["token_ids"] = choice.token_ids  # beyond OpenAI: tests compare tokens exactly
@@ -133,6 +138,9 @@ class ResponseShape:
 
     def tool_calls_delta(self, index: int, calls: list[dict[str, Any]]) -> dict[str, Any]:
         return {"index": index, "delta": {"tool_calls": calls}, "logprobs": None, "finish_reason": None}
+
+    def reasoning_delta(self, index: int, text: str) -> dict[str, Any]:
+        return {"index": index, "delta": {"reasoning_content": text}, "logprobs": None, "finish_reason": None}
 
     def delta(self, index: int, text: str, token_ids: list[int], entries: list[dict[str, float]] | None,
               finish_reason: str | None, offset: int) -> dict[str, Any]:

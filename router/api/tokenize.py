@@ -24,7 +24,8 @@ class Tokenization:
         if (body.prompt is None) == (body.messages is None):
             raise APIError(400, "give exactly one of prompt and messages", param="prompt")
         if body.messages is not None:
-            tokens = self.encoder.chat(template_messages(body.messages), template_tools(body.tools or []))
+            tokens = self.encoder.chat(template_messages(body.messages), template_tools(body.tools or []),
+                                       body.chat_template_kwargs).token_ids
         else:
             tokens = self.encoder.tokens(body.prompt or "", body.add_special_tokens)
         return TokenizeResponse(count=len(tokens), max_model_len=self.encoder.max_model_len, tokens=tokens)

@@ -14,8 +14,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
+
+from kvferry.router.api.parsed_output import Parsed
 
 ToolCallFormat = Literal["hermes", "llama3_json"]
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
@@ -29,19 +31,6 @@ class ToolCallOut:
 
     def as_dict(self) -> dict[str, Any]:
         return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-
-
-@dataclass
-class Parsed:
-    """What one piece of text gave: content to pass on, and tool-call deltas (OpenAI's `delta.tool_calls`)."""
-
-    content: str = ""
-    deltas: list[dict[str, Any]] = field(default_factory=list)
-
-    def __iadd__(self, other: Parsed) -> Parsed:
-        self.content += other.content
-        self.deltas += other.deltas
-        return self
 
 
 def new_call_id() -> str:

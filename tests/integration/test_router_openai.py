@@ -126,6 +126,8 @@ def cluster(tiny_models, redis_url, tmp_path_factory, stalling_prefill) -> Itera
         "stalled": ["--prefill", stalling_prefill.url, *nodes, "--router-config", str(short_prefill)],
         "auto_pd": ["--prefill", urls["prefill-0"], *nodes, "--router-config", str(auto_pd)],
         "permissive": [*nodes, "--unsupported-fields", "warn"],
+        "thinking": ["--prefill", urls["prefill-0"], *nodes, "--chat-template",
+                     str(Path(__file__).parent.parent / "support" / "thinking_chat_template.jinja")],
     }
     for name, args in routers.items():
         urls[name] = f"http://127.0.0.1:{free_port()}"
@@ -347,6 +349,36 @@ TOOL_ARGS = {"weather": WeatherArgs, "lookup": LookupArgs}
 TOOLS = [{"type": "function", "function": {"name": name, "description": f"the {name} tool",
                                            "parameters": model.model_json_schema()}} for name, model in TOOL_ARGS.items()]
 TOOL_MESSAGES = [{"role": "user", "content": "Weather in Paris for 2 days?"}]
+
+
+# The tiny model's weights are random: the grammar makes it write a thinking block and an answer.
+THINKING_REGEX = r"<think>\n[a-z]{2,7}( [a-z]{2,7}){2,4}\n</think>\n\n[A-Z][a-z]{2,7}( [a-z]{2,7}){1,3}\."
+
+
+def test_a_thinking_block_goes_to_reasoning_content_through_prefill_and_decode(cluster, tiny_models):
+    api, tokenizer = client(cluster["thinking"]), Tokenizer.from_file(str(tiny_models["llama"] / "tokenizer.json"))
+    request = {"model": "llama", "messages": [{"role": "user", "content": "Think, then answer."}], "max_tokens": 80,
+               "temperature": 0, "extra_body": {"structured_outputs": {"regex": THINKING_REGEX}}}
+    choice = api.chat.completions.create(**request).choices[0]
+    written = tokenizer.decode(choice.token_ids)
+    thinking, answer = re.fullmatch(r"<think>\n(.*)\n</think>\n\n(.*)", written).groups()
+    assert (choice.message.reasoning_content, choice.message.content) == (thinking, answer), written
+    chunks = list(api.chat.completions.create(**request, stream=True))
+    streamed = [getattr(chunk.choices[0].delta, "reasoning_content", None) for chunk in chunks]
+    assert "".join(piece or "" for piece in streamed) == thinking and sum(piece is not None for piece in streamed) > 1
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in chunks) == answer
+
+    # enable_thinking: false: the template closes an empty block in the prompt, and the answer is all content.
+    off = {"chat_template_kwargs": {"enable_thinking": False}}
+    prompt = httpx.post(f"{cluster['thinking']}/tokenize", json={"model": "llama", "messages": request["messages"], **off},
+                        timeout=10).json()["tokens"]
+    assert tokenizer.decode(prompt).endswith("<think>\n\n</think>\n\n")
+    plain = api.chat.completions.create(**{**request, "extra_body": {**off, "structured_outputs": {"regex": "[A-Z][a-z]{2,7}\\."}}})
+    message = plain.choices[0].message
+    assert re.fullmatch(r"[A-Z][a-z]{2,7}\.", message.content) and getattr(message, "reasoning_content", None) is None
+    refused = httpx.post(f"{cluster['thinking']}/v1/chat/completions", timeout=10, json={
+        "model": "llama", "messages": request["messages"], "chat_template_kwargs": {"tools": []}})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "chat_template_kwargs"
 
 
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "lookup"}}])

@@ -7,11 +7,11 @@ import json
 
 import pytest
 
+from kvferry.router.api.parsed_output import Parsed
 from kvferry.router.api.tool_parsers import (
     HermesParser,
     Llama3JsonParser,
     NamedParser,
-    Parsed,
     RequiredParser,
     ToolCallParser,
 )
