@@ -97,3 +97,6 @@ class StreamChunk(_Strict):
     error: str | None = None
     # On the first line of a /decode stream whose KV did not come: why D prefilled the prompt itself.
     local_prefill: str | None = None
+    # On the first line: the prompt tokens this node did not compute (its prefix cache held their KV). A
+    # /decode stream's KV came from the prefill node, whose own count the router puts in its place.
+    cached_tokens: int | None = None

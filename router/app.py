@@ -44,6 +44,9 @@ from kvferry.router.dispatch.migration import Migration
 from kvferry.router.dispatch.node_streams import NodeStreams
 from kvferry.router.dispatch.pd_flow import PDFlow
 from kvferry.router.metrics import RouterMetrics
+from kvferry.router.responses.schema import DeletedResponse, ResponseObject, ResponsesRequest
+from kvferry.router.responses.service import ResponsesService
+from kvferry.router.responses.store import response_store_from
 from kvferry.router.scheduling import Scheduler
 from kvferry.router.scheduling.pd_decision import PDDecision
 from kvferry.router.scheduling.prefix_lookup import PrefixLookup
@@ -113,6 +116,8 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
                                         None if config.reasoning_parser == "auto" else config.reasoning_parser == "think"),
     )
     tokenization = Tokenization(encoder, check)
+    response_store = response_store_from(config.redis.url, model, config.response_ttl_seconds)
+    responses = ResponsesService(service, response_store, check, lambda text: len(encoder.tokens(text, False)))
     started = int(time.time())
 
     @contextlib.asynccontextmanager
@@ -126,6 +131,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
         yield
         await cluster.stop()
         await flow.aclose()
+        await response_store.aclose()
         await client.aclose()
 
     app = FastAPI(title="kvferry router", version="1", lifespan=lifespan)
@@ -145,6 +151,20 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     @app.post("/v1/chat/completions", response_model=None, responses=_generation_responses(ChatCompletionResponse))
     async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
         return await service.serve(body, request)
+
+    @app.post("/v1/responses", response_model=None, responses=_generation_responses(ResponseObject))
+    async def create_response(body: ResponsesRequest, request: Request) -> Response:
+        return await responses.create(body, request)
+
+    @app.get("/v1/responses/{response_id}", response_model=None,
+             responses={200: {"model": ResponseObject}, 404: ERROR_RESPONSES[404], **unauthorized})
+    async def retrieve_response(response_id: str) -> Response:
+        return await responses.retrieve(response_id)
+
+    @app.delete("/v1/responses/{response_id}", response_model=None,
+                responses={200: {"model": DeletedResponse}, 404: ERROR_RESPONSES[404], **unauthorized})
+    async def delete_response(response_id: str) -> Response:
+        return await responses.delete(response_id)
 
     token_errors: dict[int | str, dict[str, Any]] = {status: ERROR_RESPONSES[status] for status in (400, 401, 404, 413)}
 

@@ -98,6 +98,9 @@ class RouterConfig(_Section):
     tool_call_parser: Literal["auto", "hermes", "llama3_json"] = "auto"
     # A thinking model's `<think>` blocks go to reasoning_content: auto, where its chat template writes them.
     reasoning_parser: Literal["auto", "think", "none"] = "auto"
+    # How long /v1/responses keeps a stored response (for previous_response_id): in Redis where redis.url is
+    # set, else in the router's memory.
+    response_ttl_seconds: float = Field(86400.0, gt=0)
 
     @model_validator(mode="after")
     def _known_policy(self) -> RouterConfig:

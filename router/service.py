@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 from fastapi.responses import JSONResponse, Response
 from starlette.requests import Request
@@ -19,6 +20,8 @@ from kvferry.internal_api import SamplingSpec
 from kvferry.router.admission.limit import Admission
 from kvferry.router.admission.plugins import PluginChain, PluginContext
 from kvferry.router.api.best_of import most_likely
+from kvferry.router.api.chat_stream import ChatEventWriter, StreamWriter
+from kvferry.router.api.completion_shapes import Choice, ResponseShape
 from kvferry.router.api.disconnect import ClientDisconnected, until_disconnected
 from kvferry.router.api.errors import APIError, overloaded
 from kvferry.router.api.openai_schema import (
@@ -29,9 +32,9 @@ from kvferry.router.api.output_parser import ChoiceSplit, OutputForm, OutputPars
 from kvferry.router.api.prompts import PromptEncoder
 from kvferry.router.api.reasoning import thinking_open
 from kvferry.router.api.request_body import RequestCheck, sampling_spec
-from kvferry.router.api.responses import Choice, ResponseShape, sse
 from kvferry.router.api.streams import merge_streams
 from kvferry.router.api.tool_calls import ToolUse, template_messages
+from kvferry.router.api.usage import TokenUsage, UsageTally
 from kvferry.router.discovery.cluster import ClusterState
 from kvferry.router.discovery.nodes import NodeView
 from kvferry.router.dispatch.migration import Migration
@@ -55,6 +58,9 @@ class Prepared:
     num_prompts: int
     returned_per_prompt: int  # n; fewer than generated with best_of
     split: ChoiceSplit | None  # chat: what each choice's output is split into (thinking, tool calls)
+
+    def tally(self) -> UsageTally:
+        return UsageTally(self.prompt_tokens, len(self.subs), len(self.subs) // self.num_prompts)
 
     def parsers(self) -> list[OutputParser] | None:
         """One per choice, None when nothing is split."""
@@ -83,22 +89,25 @@ class CompletionService:
         self.admission, self.default_max_tokens, self.check = admission, default_max_tokens, check
         self.output_form = output_form
 
-    async def serve(self, body: CompletionRequest | ChatCompletionRequest, request: Request) -> Response:
+    async def serve(self, body: CompletionRequest | ChatCompletionRequest, request: Request,
+                    fmt: ResponseFormat | None = None) -> Response:
+        """`fmt`: how the answer is written; default the body's own API (completions or chat)."""
         arrived = time.perf_counter()
         self.check(body)
+        fmt = fmt or ChatFormat(bool(body.stream and body.stream_options and body.stream_options.include_usage))
         self.admission.enter()
         streaming, status = False, 500
         try:
             prepared = self._prepare(body)
             merged = merge_streams(await self._open_streams(prepared.subs))
             if body.stream:
-                include_usage = bool(body.stream_options and body.stream_options.include_usage)
                 first = await until_disconnected(request, self._first(merged))
                 streaming = True
-                events = self._sse(prepared, merged, first, include_usage, arrived)
+                events = self._sse(prepared, merged, first, fmt.writer(prepared, self.plugins), arrived)
                 await anext(events)  # started: from here on, closing it runs its cleanup
                 return ClosingStreamingResponse(events, media_type="text/event-stream")
-            whole = await until_disconnected(request, self._collect(prepared, merged, arrived))
+            choices, usage = await until_disconnected(request, self._collect(prepared, merged, arrived))
+            whole = await fmt.whole(prepared, choices, usage)
             status = 200
             return JSONResponse(whole)
         except ClientDisconnected:
@@ -112,13 +121,16 @@ class CompletionService:
                 self.admission.leave()
                 self.metrics.request_done(status)
 
-    async def _collect(self, prepared: Prepared, merged: AsyncIterator[tuple[int, list[dict]]], arrived: float) -> dict:
-        shape, context = prepared.shape, prepared.context
+    async def _collect(self, prepared: Prepared, merged: AsyncIterator[tuple[int, list[dict]]],
+                       arrived: float) -> tuple[list[Choice], TokenUsage]:
+        """Every choice's whole output (plugins, echo and the split applied; best_of's best), and the usage."""
+        context = prepared.context
         choices = [Choice(index) for index in range(len(prepared.subs))]
-        clock = _TokenClock(self.metrics, arrived)
+        clock, tally = _TokenClock(self.metrics, arrived), prepared.tally()
         try:
             async for index, batch in merged:
                 clock.tick(index, batch)
+                tally.add(index, batch)
                 choice = choices[index]
                 for chunk in batch:
                     choice.text += chunk["text"]
@@ -134,12 +146,10 @@ class CompletionService:
         for choice, parser in zip(choices, prepared.parsers() or [], strict=False):
             choice.split(parser)
         clock.done()
-        # Usage counts every token generated, the best_of choices left out too (each was computed).
-        completion_tokens = sum(len(choice.token_ids) for choice in choices)
         generated = len(choices) // prepared.num_prompts
         if generated > prepared.returned_per_prompt:
             choices = most_likely(choices, generated, prepared.returned_per_prompt)
-        return shape.whole(choices, prepared.prompt_tokens, completion_tokens)
+        return choices, tally.usage()
 
     def _prepare(self, body: CompletionRequest | ChatCompletionRequest) -> Prepared:
         echoes, split, tool_use = None, None, None
@@ -240,81 +250,53 @@ class CompletionService:
             return None
 
     async def _sse(self, prepared: Prepared, merged: AsyncIterator[tuple[int, list[dict]]],
-                   first: tuple[int, list[dict]] | None, include_usage: bool, arrived: float) -> AsyncIterator[bytes]:
-        status, shape, num_choices = 200, prepared.shape, len(prepared.subs)
-        events = _EventWriter(shape, self.plugins, prepared.context, num_choices, include_usage, prepared.parsers())
-        clock = _TokenClock(self.metrics, arrived)
+                   first: tuple[int, list[dict]] | None, writer: StreamWriter, arrived: float) -> AsyncIterator[bytes]:
+        status = 200
+        clock, tally = _TokenClock(self.metrics, arrived), prepared.tally()
         try:
             async with contextlib.aclosing(merged):  # type: ignore[type-var]
                 # Primed by serve(): a generator closed before it started would skip this cleanup (the admission
                 # slot and the node streams would stay held when a client leaves before any byte).
                 yield b""
-                if shape.kind == "chat":
-                    yield b"".join(sse(shape.chunk([shape.role_delta(index)], include_usage)) for index in range(num_choices))
-                if prepared.echoes is not None:  # each choice starts with its prompt (no logprobs: _echoes)
-                    yield b"".join(shape.text_event(index, text, include_usage) for index, text in enumerate(prepared.echoes))
+                yield writer.opening()
                 if first is not None:
                     clock.tick(*first)
-                    yield events.batch(*first)
+                    tally.add(*first)
+                    yield writer.batch(*first)
                 # One write per batch: the chunks of a stream that arrived together leave together.
                 async for index, batch in merged:
                     clock.tick(index, batch)
-                    yield events.batch(index, batch)
-            if include_usage:
-                yield sse(shape.usage_chunk(prepared.prompt_tokens, events.completion_tokens))
+                    tally.add(index, batch)
+                    yield writer.batch(index, batch)
             clock.done()
-        except APIError as exc:  # the stream is open: report in-band, as OpenAI does
+            yield await writer.closing(tally.usage())
+        except APIError as exc:  # the stream is open: report in-band
             status = exc.status
-            yield sse(exc.body())
+            yield writer.failed(exc)
         finally:
             clock.flush()
             self.admission.leave()
             self.metrics.request_done(status if status != 200 or clock.finished else CLIENT_LEFT)
-        yield sse("[DONE]")
 
 
-class _EventWriter:
-    """The SSE events of one streamed response's batches of node chunks."""
+class ResponseFormat(Protocol):
+    """How a request's answer is written: completions' and chat's (ChatFormat), or the Responses API's."""
 
-    def __init__(self, shape: ResponseShape, plugins: PluginChain, context: PluginContext, num_choices: int,
-                 include_usage: bool, parsers: list[OutputParser] | None) -> None:
-        self.shape, self.plugins, self.context, self.include_usage = shape, plugins, context, include_usage
-        self.parsers = parsers  # per choice: what is thinking, what is content and what is a call
-        self.offsets = [0] * num_choices  # text sent per choice (completion logprobs' text_offset)
-        self.completion_tokens = 0
+    async def whole(self, prepared: Prepared, choices: list[Choice], usage: TokenUsage) -> dict[str, Any]: ...
 
-    def batch(self, index: int, chunks: list[dict]) -> bytes:
-        shape, with_usage = self.shape, self.include_usage
-        events = []
-        for chunk in chunks:
-            self.completion_tokens += len(chunk["token_ids"])
-            text = self.plugins.on_output(self.context, chunk["text"])
-            finish = chunk["finish_reason"]
-            if self.parsers is not None:
-                parser = self.parsers[index]
-                parsed = parser.feed(text)
-                if finish is not None:
-                    parsed += parser.finish()
-                    finish = parser.finish_reason(finish)
-                text = parsed.content
-                if parsed.reasoning:
-                    events.append(sse(shape.chunk([shape.reasoning_delta(index, parsed.reasoning)], with_usage)))
-                if parsed.deltas:
-                    events.append(sse(shape.chunk([shape.tool_calls_delta(index, parsed.deltas)], with_usage)))
-                if not text and finish is None and shape.logprobs is None:
-                    continue  # held back: perhaps a tag, or sent as thinking or calls
-            if finish is None and shape.logprobs is None:  # nearly every token: from a template
-                events.append(shape.text_event(index, text, with_usage))
-            elif shape.kind == "chat" and finish is not None and text:  # OpenAI ends a choice with an empty delta
-                events.append(sse(shape.chunk([shape.delta(index, text, chunk["token_ids"], chunk.get("logprobs"), None,
-                                                            self.offsets[index])], with_usage)))
-                events.append(sse(shape.chunk([shape.delta(index, "", [], None if shape.logprobs is None else [], finish,
-                                                            0)], with_usage)))
-            else:
-                events.append(sse(shape.chunk([shape.delta(index, text, chunk["token_ids"], chunk.get("logprobs"), finish,
-                                                            self.offsets[index])], with_usage)))
-            self.offsets[index] += len(text)
-        return b"".join(events)
+    def writer(self, prepared: Prepared, plugins: PluginChain) -> StreamWriter: ...
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    include_usage: bool  # stream_options.include_usage
+
+    async def whole(self, prepared: Prepared, choices: list[Choice], usage: TokenUsage) -> dict[str, Any]:
+        return prepared.shape.whole(choices, usage)
+
+    def writer(self, prepared: Prepared, plugins: PluginChain) -> StreamWriter:
+        return ChatEventWriter(prepared.shape, plugins, prepared.context, len(prepared.subs), self.include_usage,
+                               prepared.parsers(), prepared.echoes)
 
 
 def _generated_per_prompt(body: CompletionRequest) -> int:

@@ -22,6 +22,7 @@ async def ndjson_deltas(stream: AsyncIterator[RequestOutput], local_prefill: str
                 finish_reason=completion.finish_reason,
                 logprobs=completion.logprobs[sent_tokens:] if completion.logprobs is not None else None,
                 local_prefill=None if sent_tokens else local_prefill,
+                cached_tokens=None if sent_tokens else output.num_cached_tokens,
             )
             sent_tokens, sent_text = len(completion.token_ids), len(completion.text)
             yield (chunk.model_dump_json() + "\n").encode()

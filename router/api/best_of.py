@@ -3,7 +3,7 @@ ranked by the sum of their tokens' log-probabilities, as OpenAI and vLLM rank th
 
 from __future__ import annotations
 
-from kvferry.router.api.responses import Choice
+from kvferry.router.api.completion_shapes import Choice
 
 
 def cumulative_logprob(choice: Choice) -> float:

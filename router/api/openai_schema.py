@@ -3,7 +3,7 @@ the OpenAPI schema clients (and schemathesis) see; the response models document 
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -13,7 +13,7 @@ MAX_LOGPROBS = 20
 MAX_INT32 = 2**31 - 1
 
 
-class _Open(BaseModel):
+class OpenBody(BaseModel):
     """A body part that keeps the fields it does not declare (model_extra): router/api/request_body.py names them, and
     the router refuses them (or logs them, `unsupported_fields: warn`) rather than dropping them unseen."""
 
@@ -21,25 +21,25 @@ class _Open(BaseModel):
     model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": False})
 
 
-class StreamOptions(_Open):
+class StreamOptions(OpenBody):
     include_usage: bool = False
 
 
-class JsonSchemaFormat(_Open):
+class JsonSchemaFormat(OpenBody):
     name: str = Field(max_length=64)
     description: str | None = None
     schema_: dict[str, Any] = Field(alias="schema")
     strict: bool | None = None  # the output always fits the schema here, strict or not
 
 
-class ResponseFormat(_Open):
+class ResponseFormat(OpenBody):
     """OpenAI's: `text` (free), `json_object` (any JSON object) or `json_schema` (fitting the schema)."""
 
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputs(_Open):
+class StructuredOutputs(OpenBody):
     """vLLM's `structured_outputs` extra field: exactly one of a JSON schema, a regex, or a list of choices."""
 
     json_: dict[str, Any] | None = Field(None, alias="json")
@@ -47,7 +47,7 @@ class StructuredOutputs(_Open):
     choice: list[str] | None = Field(None, min_length=1)
 
 
-class SamplingFields(_Open):
+class SamplingFields(OpenBody):
     model: str
     n: int = Field(1, ge=1, le=MAX_N)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -77,7 +77,9 @@ class CompletionRequest(SamplingFields):
     best_of: int | None = Field(None, ge=1, le=MAX_N)  # choices generated; the n most likely are returned
 
 
-class ContentPart(_Open):
+class ContentPart(OpenBody):
+    text_types: ClassVar[tuple[str, ...]] = ("text",)  # kvferry takes text; other parts are refused by name
+
     type: str
     text: str | None = None
 
@@ -85,39 +87,39 @@ class ContentPart(_Open):
 FUNCTION_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for a function's name
 
 
-class FunctionDefinition(_Open):
+class FunctionDefinition(OpenBody):
     name: str = Field(pattern=FUNCTION_NAME)
     description: str | None = None
     parameters: dict[str, Any] | None = None  # a JSON schema of the arguments; none: any object
     strict: bool | None = None  # the arguments always fit the schema when a call is forced, strict or not
 
 
-class Tool(_Open):
+class Tool(OpenBody):
     type: Literal["function"]
     function: FunctionDefinition
 
 
-class FunctionName(_Open):
+class FunctionName(OpenBody):
     name: str
 
 
-class NamedToolChoice(_Open):
+class NamedToolChoice(OpenBody):
     type: Literal["function"]
     function: FunctionName
 
 
-class FunctionCall(_Open):
+class FunctionCall(OpenBody):
     name: str
     arguments: str  # JSON text, as the model wrote it
 
 
-class ToolCall(_Open):
+class ToolCall(OpenBody):
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
-class ChatMessage(_Open):
+class ChatMessage(OpenBody):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -142,7 +144,7 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None  # the template's variables (vLLM's): enable_thinking, ...
 
 
-class TokenizeRequest(_Open):
+class TokenizeRequest(OpenBody):
     """vLLM's /tokenize: a prompt (text), or chat messages through the model's template."""
 
     model: str
@@ -159,7 +161,7 @@ class TokenizeResponse(BaseModel):
     tokens: list[int]
 
 
-class DetokenizeRequest(_Open):
+class DetokenizeRequest(OpenBody):
     model: str
     tokens: list[Annotated[int, Field(ge=0, le=MAX_INT32)]]
 

@@ -44,7 +44,7 @@ def unsupported_fields(part: BaseModel, path: str = "") -> list[str]:
     """Where `part` (a request body) holds what kvferry does not implement, as paths ("tools",
     "messages[0].tool_calls", "messages[1].content[0].type=image_url"): fields no model declares, and content
     parts other than text."""
-    found = [f"{path}type={part.type}"] if isinstance(part, ContentPart) and part.type != "text" else []
+    found = [f"{path}type={part.type}"] if isinstance(part, ContentPart) and part.type not in part.text_types else []
     found += [f"{path}{name}" for name in part.model_extra or {}]
     for name in type(part).model_fields:
         value = getattr(part, name)

@@ -137,15 +137,19 @@ class PDFlow:
                                        opened: float) -> list[dict[str, Any]] | None:
         """P's prefill while D's stream is watched; returns D's next batch once P answered (None: D's stream
         closed). A decode node that dies while P works ends the prefill call at once (P is told to abort and
-        frees the KV it held) instead of after P's write into the dead node timed out and P answered."""
+        frees the KV it held) instead of after P's write into the dead node timed out and P answered. The batch's
+        first chunk carries the prompt tokens P did not compute, where P prefilled."""
         prefill_call = asyncio.ensure_future(self._prefill_remotely(body, handle, decision, opened))
         next_batch = asyncio.ensure_future(anext(batches, None))
         try:
             await asyncio.wait((prefill_call, next_batch), return_when=asyncio.FIRST_COMPLETED)
             if not prefill_call.done() and (next_batch.exception() is not None or next_batch.result() is None):
                 return await next_batch  # D's stream broke (raises) or closed; P's call is cancelled below
-            await prefill_call
-            return await next_batch
+            computed = await prefill_call
+            batch = await next_batch
+            if batch and computed is not None:
+                batch[0]["cached_tokens"] = len(body["prompt_token_ids"]) + len(body["resumed_token_ids"]) - computed
+            return batch
         finally:
             # Both end here, the generator's read too: `batches` is closed by the caller, not while it runs.
             unfinished = [task for task in (prefill_call, next_batch) if not task.done()]
@@ -154,9 +158,10 @@ class PDFlow:
             await asyncio.gather(*unfinished, return_exceptions=True)
 
     async def _prefill_remotely(self, body: dict[str, Any], handle: dict[str, Any], decision: Decision,
-                                opened: float) -> None:
-        """Prefill on P into D's reservation. When P fails, D is told at once and prefills locally. `opened`:
-        when D's stream was requested (what the P/D path costs is timed from there)."""
+                                opened: float) -> int | None:
+        """Prefill on P into D's reservation; returns the tokens P computed. When P fails, D is told at once and
+        prefills locally (None). `opened`: when D's stream was requested (what the P/D path costs is timed from
+        there)."""
         decode, prefill = decision.decode, decision.prefill
         assert prefill is not None
         request_id = body["request_id"]
@@ -184,10 +189,12 @@ class PDFlow:
                         detail, decode.name)
             self.metrics.fallback(reason)
             await self._post(f"{decode.url}{API_PREFIX}/prefill_failed/{request_id}", "prefill_failed")
-            return
+            return None
         if response.status_code != 200:
             raise _passed_through(response.status_code, response.content, f"prefill node {prefill.name}")
-        self._measured(response.json(), time.perf_counter() - opened)
+        prefilled = response.json()
+        self._measured(prefilled, time.perf_counter() - opened)
+        return int(prefilled["computed_tokens"])
 
     def _measured(self, prefilled: dict[str, Any], seconds: float) -> None:
         """One P/D request's costs for the P/D decision: P's compute, and what the path added beyond it."""

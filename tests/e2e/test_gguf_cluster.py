@@ -1,7 +1,7 @@
 """`kvferry up --prefill 2 --decode 2` with no --model serves the default model (SmolLM2-135M-Instruct) as
 smollm2-135m-instruct; greedy output through prefill -> decode equals transformers', the official
-openai client gets Paris for the capital of France, structured outputs fit 22 schemas, and required tool calls
-fit their tools' schemas."""
+openai client gets Paris for the capital of France, structured outputs fit 22 schemas, required tool calls
+fit their tools' schemas, and a Responses conversation remembers its first turn, whose KV the second reuses."""
 
 from __future__ import annotations
 
@@ -158,3 +158,23 @@ def test_required_tool_calls_validate_and_a_round_trip_answers(router):
                                                                         *results],
                                            tools=TOOLS, tool_choice="none", temperature=0, max_tokens=40).choices[0]
     assert final.message.content and not final.message.tool_calls, final
+
+
+def test_a_responses_conversation_remembers_its_first_turn_and_reuses_its_kv(router):
+    """Two turns of /v1/responses, the second by previous_response_id, whole and streamed: the model answers
+    from the first turn's words (asked alone, it cannot), and the second prompt's cached tokens cover the first
+    turn's whole blocks."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{router}/v1", api_key="unused", max_retries=0, timeout=300)
+    question = {"model": SERVED_NAME, "input": "What number did I ask you to remember?", "temperature": 0,
+                "max_output_tokens": 30}
+    assert "42" not in client.responses.create(**question).output_text
+    first = client.responses.create(model=SERVED_NAME, input="Remember the number 42.", temperature=0,
+                                    max_output_tokens=40)
+    for stream in (False, True):
+        request = {**question, "previous_response_id": first.id}
+        second = list(client.responses.create(**request, stream=True))[-1].response if stream else \
+            client.responses.create(**request)
+        assert "42" in second.output_text, second.output_text
+        assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens // 16 * 16 > 0, second.usage

@@ -8,9 +8,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -31,59 +28,16 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 from support.fake_node import StallingPrefillNode
+from support.processes import Processes
 from support.redis_server import free_port
 from support.tool_call_stream import streamed_tool_calls
 from tokenizers import Tokenizer
 
 pytestmark = pytest.mark.slow
-STARTUP_SECONDS = 180
 API_KEY = "sk-router-test"
 STALL_TIMEOUT_SECONDS = 3.0
 AUTO_MIN_TOKENS = 40  # the auto_pd router's threshold of uncached prompt tokens
 MAX_EXAMPLES = 30  # per operation: the whole schema run stays well under two minutes
-
-
-class Processes:
-    """Child processes of one test module, each in its own session, with logs shown on failure."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        self.started: list[tuple[str, subprocess.Popen]] = []
-
-    def spawn(self, name: str, *args: str) -> None:
-        log = open(self.folder / f"{name}.log", "w")  # noqa: SIM115 - open while the child runs
-        process = subprocess.Popen([sys.executable, "-m", "kvferry", *args], stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True)
-        self.started.append((name, process))
-
-    def wait_healthy(self, urls: dict[str, str], path: str = "/health") -> None:
-        deadline = time.monotonic() + STARTUP_SECONDS
-        pending = dict(urls)
-        while pending and time.monotonic() < deadline:
-            for name, process in self.started:
-                assert process.poll() is None, f"{name} exited: {self.log(name)}"
-            for name, url in list(pending.items()):
-                try:
-                    if httpx.get(url + path, timeout=1).status_code == 200:
-                        del pending[name]
-                except httpx.HTTPError:
-                    pass
-            time.sleep(0.3)
-        assert not pending, f"not healthy: {pending}"
-
-    def log(self, name: str) -> str:
-        return (self.folder / f"{name}.log").read_text()[-3000:]
-
-    def stop(self) -> None:
-        for _, process in reversed(self.started):
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        for _, process in self.started:
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from aiohttp.base_protocol import BaseProtocol
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from kvferry.closing_response import ClosingStreamingResponse
-from kvferry.router.api.responses import ResponseShape, sse
+from kvferry.router.api.completion_shapes import ResponseShape, sse
 from kvferry.router.dispatch.node_streams import ndjson_batches
 from kvferry.router.metrics import TOKEN_GAP_BUCKETS, BulkHistogram
 

@@ -9,6 +9,7 @@ from typing import Any, Literal
 import orjson
 
 from kvferry.router.api.output_parser import OutputParser
+from kvferry.router.api.usage import TokenUsage
 
 Kind = Literal["chat", "completion"]
 _TEXT_MARK = "\x00text\x00"  # where a template's text goes: no id, model name or number encodes to it
@@ -20,11 +21,6 @@ def sse(data: dict[str, Any] | str) -> bytes:
     # It writes UTF-8 rather than \u escapes (the same JSON), and null for a -inf logprob (-Infinity is not JSON).
     payload = data.encode() if isinstance(data, str) else orjson.dumps(data)
     return b"data: " + payload + b"\n\n"
-
-
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
 
 
 def _sampled_and_top(entry: dict[str, float], token_id: int, top: int) -> tuple[float, list[tuple[int, float]]]:
@@ -107,7 +103,7 @@ class ResponseShape:
             return chat_logprobs(token_ids, entries, self.logprobs, self.token_text)
         return completion_logprobs(token_ids, entries, self.logprobs, self.token_text, offset)
 
-    def whole(self, choices: list[Choice], prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    def whole(self, choices: list[Choice], usage: TokenUsage) -> dict[str, Any]:
         rendered = []
         for choice in choices:
             logprobs = self._logprobs(choice.token_ids, choice.logprobs, 0)
@@ -124,7 +120,7 @@ class ResponseShape:
             body["token_ids"] = choice.token_ids  # beyond OpenAI: tests compare tokens exactly
             rendered.append(body)
         return {"id": self.request_id, "object": self.object_name, "created": self.created, "model": self.model,
-                "choices": rendered, "usage": usage(prompt_tokens, completion_tokens)}
+                "choices": rendered, "usage": usage.chat()}
 
     def chunk(self, choices: list[dict[str, Any]], with_usage_field: bool) -> dict[str, Any]:
         body: dict[str, Any] = {"id": self.request_id, "object": f"{self.object_name}.chunk" if self.kind == "chat"
@@ -161,5 +157,5 @@ class ResponseShape:
             template = self._templates[(index, with_usage_field)] = (head, tail)
         return template[0] + orjson.dumps(text) + template[1]
 
-    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
-        return {**self.chunk([], with_usage_field=False), "usage": usage(prompt_tokens, completion_tokens)}
+    def usage_chunk(self, usage: TokenUsage) -> dict[str, Any]:
+        return {**self.chunk([], with_usage_field=False), "usage": usage.chat()}

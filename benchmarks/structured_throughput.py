@@ -1,0 +1,246 @@
+"""Decode throughput with a JSON-schema constraint against without: kvferry's engine at 1 and 64 requests.
+
+One engine (the `small` random-weight llama checkpoint, float32, on the CPU), in one process, the same
+prompts, greedy, EOS ignored, every request generating exactly max_tokens tokens on both sides; the
+constrained side holds each request to a JSON schema (engine/grammar.py: xgrammar's mask in the sampler)
+whose shortest valid output is far longer than max_tokens, so the grammar never ends one early. Concurrency
+1: the requests one after the other; concurrency 64: all submitted together. The two sides alternate
+round by round (ABBA); each side's median over the rounds. Throughput counts output tokens: `tok_s` over
+the whole run (prefill included), `decode_tok_s` over the steps after every request's first token (the
+decode steps only). Prefix caching is off, so every run prefills alike. The grammar's one-time costs
+(loading xgrammar, the tokenizer's preprocessing, a cold compile of the schema) are measured apart, and
+kept out of the timed runs by a warm-up.
+
+    .venv/bin/python -m benchmarks.structured_throughput          # -> benchmarks/results/structured_throughput.json
+    .venv/bin/python -m benchmarks.structured_throughput --quick  # a smoke run: concurrency 1 and 8, 8 tokens
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from functools import partial
+from typing import Any
+
+from benchmarks.harness.cli import benchmark_parser, output_dir
+from benchmarks.harness.environment import cached_model, environment
+from benchmarks.harness.results import new_result, params_of, write_result
+from benchmarks.harness.side_by_side import side_by_side, with_ratios
+from benchmarks.harness.table import print_table
+from kvferry.engine import LLM, SamplingParams
+from kvferry.engine.grammar import GrammarCompiler
+from kvferry.engine.sampling_params import Grammar
+
+UNCONSTRAINED, CONSTRAINED = "unconstrained", "json_schema"
+# An order's line items: at least 400 of them, so no output of a few hundred tokens can close the object.
+# Bounded strings and numbers keep the output cycling through the structure (keys, quotes, commas, braces)
+# rather than spending its budget inside one string.
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "items": {
+            "type": "array",
+            "minItems": 400,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 12},
+                    "count": {"type": "integer", "minimum": 0, "maximum": 999},
+                    "ok": {"type": "boolean"},
+                },
+                "required": ["name", "count", "ok"],
+            },
+        }
+    },
+    "required": ["items"],
+}
+GRAMMAR = Grammar(kind="json_schema", spec=json.dumps(SCHEMA))
+_request_ids = itertools.count()
+
+
+def make_prompts(count: int, length: int, vocab: int, seed: int = 0) -> list[dict[str, list[int]]]:
+    rng = random.Random(seed)
+    return [{"prompt_token_ids": [rng.randrange(vocab) for _ in range(length)]} for _ in range(count)]
+
+
+def sampling_params(variant: str, max_tokens: int) -> SamplingParams:
+    grammar = GRAMMAR if variant == CONSTRAINED else None
+    return SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, grammar=grammar)
+
+
+def generate(llm: LLM, prompts: list[dict[str, list[int]]], params: SamplingParams) -> tuple[list[Any], float, float, float]:
+    """LLM.generate's loop, also noting when every request has its first token. (outputs in prompt order,
+    seconds in all, seconds after the first tokens, this process's CPU seconds after the first tokens)."""
+    engine = llm.engine
+    ids = [f"bench-{next(_request_ids)}" for _ in prompts]
+    started = time.perf_counter()
+    for request_id, prompt in zip(ids, prompts, strict=True):
+        engine.add_request(request_id, prompt, params)
+    first_tokens, first_cpu, pending, finished = None, 0.0, set(ids), {}
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            pending.discard(output.request_id)
+            if output.finished:
+                finished[output.request_id] = output
+        if first_tokens is None and not pending:
+            first_tokens, first_cpu = time.perf_counter(), time.process_time()
+    ended, ended_cpu = time.perf_counter(), time.process_time()
+    if first_tokens is None:
+        raise AssertionError("a request produced no token")
+    return [finished[request_id] for request_id in ids], ended - started, ended - first_tokens, ended_cpu - first_cpu
+
+
+def run_side(llm: LLM, prompts: list[dict[str, list[int]]], variant: str, concurrency: int, max_tokens: int,
+             checker: GrammarCompiler | None = None) -> dict[str, float]:
+    """The prompts in groups of `concurrency` (each group submitted together, the groups one after the
+    other); their outputs checked: exactly max_tokens tokens each, and on the constrained side a prefix of
+    the schema's JSON that is not yet complete."""
+    params = sampling_params(variant, max_tokens)
+    seconds = decode_seconds = decode_cpu_seconds = 0.0
+    outputs = []
+    for start in range(0, len(prompts), concurrency):
+        group_outputs, total, decode, decode_cpu = generate(llm, prompts[start : start + concurrency], params)
+        outputs += group_outputs
+        seconds += total
+        decode_seconds += decode
+        decode_cpu_seconds += decode_cpu
+    for output in outputs:
+        completion = output.outputs[0]
+        if len(completion.token_ids) != max_tokens or completion.finish_reason != "length":
+            raise AssertionError(f"{variant}: request {output.request_id} generated {len(completion.token_ids)} "
+                                 f"tokens ({completion.finish_reason}), not {max_tokens}")
+        if variant == CONSTRAINED and checker is not None:
+            check_json_prefix(checker, completion.token_ids, completion.text)
+    tokens = len(prompts) * max_tokens
+    decode_tokens = len(prompts) * (max_tokens - 1)  # the first token of each comes with its prefill
+    return {"seconds": seconds, "tok_s": tokens / seconds, "decode_tok_s": decode_tokens / decode_seconds,
+            "decode_tok_cpu_s": decode_tokens / decode_cpu_seconds}
+
+
+def check_json_prefix(checker: GrammarCompiler, token_ids: list[int], text: str) -> None:
+    """A fresh matcher of the same schema accepts every token, and the output is still open (no end yet)."""
+    matcher = checker.matcher(GRAMMAR)
+    for position, token in enumerate(token_ids):
+        if not matcher.accept_token(token):
+            raise AssertionError(f"constrained output breaks the schema at token {position}: {text!r}")
+    if matcher.is_terminated() or not text.startswith("{"):
+        raise AssertionError(f"constrained output is not an open prefix of the schema's JSON: {text!r}")
+
+
+def grammar_costs(llm: LLM) -> tuple[dict[str, float], GrammarCompiler]:
+    """What the first request with a grammar pays once per engine, and once per new schema: loading
+    xgrammar (and the transformers it brings), the tokenizer's preprocessing, a cold compile. Measured on a
+    compiler of its own, the engine's settings (one thread), before the engine has loaded any of it."""
+    started = time.perf_counter()
+    import transformers  # noqa: F401
+    import xgrammar  # noqa: F401
+
+    loaded = time.perf_counter()
+    engine = llm.engine
+    compiler = GrammarCompiler(engine.tokenizer.tokenizer, engine.model_config.vocab_size,
+                               engine.generation_defaults.eos_token_ids)
+    prepared = time.perf_counter()
+    compiler.matcher(GRAMMAR)
+    compiled = time.perf_counter()
+    compiler.matcher(GRAMMAR)  # compiled already: xgrammar's cache, then a new matcher, as each request has
+    matched = time.perf_counter()
+    return {
+        "import_s": round(loaded - started, 3),
+        "tokenizer_prep_s": round(prepared - loaded, 3),
+        "compile_ms": round(1e3 * (compiled - prepared), 2),
+        "matcher_ms": round(1e3 * (matched - compiled), 3),
+    }, compiler
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = benchmark_parser(__doc__, "structured_throughput")
+    parser.add_argument("--quick", action="store_true", help="concurrency 1 and 8, 8 tokens, one round")
+    parser.add_argument("--size", default="small")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
+    parser.add_argument("--max-tokens", type=int, default=32, help="output tokens of every request, both sides")
+    parser.add_argument("--prompt-len", type=int, default=16)
+    parser.add_argument("--sequential", type=int, default=4, help="requests, one after the other, at concurrency 1")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each side per concurrency (ABBA order)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.concurrency, args.max_tokens, args.sequential, args.rounds = [1, 8], 8, 2, 1
+    if args.max_tokens < 2:
+        parser.error("--max-tokens must be at least 2: the first token comes with the prefill, the rest are decode")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    load_at_start = os.getloadavg()
+    model_dir = cached_model("llama", args.size)
+    llm = LLM(model_dir, dtype="float32", max_model_len=1024, max_num_seqs=max(64, *args.concurrency),
+              max_num_batched_tokens=2048, enable_prefix_caching=False)
+    vocab = llm.engine.model_config.vocab_size
+    costs, checker = grammar_costs(llm)
+    print(f"grammar, once: {costs}", flush=True)
+    rows = []
+    for concurrency in args.concurrency:
+        count = args.sequential if concurrency == 1 else concurrency
+        prompts = make_prompts(count, args.prompt_len, vocab, seed=concurrency)
+        for variant in (UNCONSTRAINED, CONSTRAINED):  # first calls' allocations; the engine's own compile
+            run_side(llm, prompts, variant, concurrency, min(4, args.max_tokens))
+        measured = side_by_side(
+            {variant: partial(run_side, llm, prompts, variant, concurrency, args.max_tokens, checker)
+             for variant in (UNCONSTRAINED, CONSTRAINED)},
+            rounds=args.rounds,
+        )
+        for variant, runs in measured.items():
+            rows.append({
+                "variant": variant, "concurrency": concurrency, "requests": count,
+                "output_tokens": count * args.max_tokens,
+                "seconds_p50": round(statistics.median(r["seconds"] for r in runs), 2),
+                "tok_s": round(statistics.median(r["tok_s"] for r in runs), 2),
+                "decode_tok_s": round(statistics.median(r["decode_tok_s"] for r in runs), 2),
+                "decode_tok_cpu_s": round(statistics.median(r["decode_tok_cpu_s"] for r in runs), 2),
+                "decode_tok_s_runs": [round(r["decode_tok_s"], 2) for r in runs],
+            })
+        print_table(rows[-2:], ["variant", "concurrency", "requests", "output_tokens", "tok_s", "decode_tok_s",
+                                "decode_tok_cpu_s", "decode_tok_s_runs"])
+        sys.stdout.flush()
+    rows = with_ratios(rows, UNCONSTRAINED, ["tok_s", "decode_tok_s", "decode_tok_cpu_s"], group_by=["concurrency"])
+    slowdown = {
+        str(row["concurrency"]): {
+            "throughput_ratio": row["tok_s_vs_baseline"],
+            "decode_throughput_ratio": row["decode_tok_s_vs_baseline"],
+            "decode_per_cpu_s_ratio": row["decode_tok_cpu_s_vs_baseline"],
+            "decode_slowdown_pct": round(100 * (1 - row["decode_tok_s_vs_baseline"]), 1),
+        }
+        for row in rows if row["variant"] == CONSTRAINED
+    }
+    print()
+    print_table(rows, ["variant", "concurrency", "tok_s", "decode_tok_s", "decode_tok_cpu_s", "tok_s_vs_baseline",
+                       "decode_tok_s_vs_baseline", "decode_tok_cpu_s_vs_baseline"])
+    print(f"constrained / unconstrained, per concurrency: {slowdown}")
+    load = {"start": list(load_at_start), "end": list(os.getloadavg())}
+    result = new_result(
+        "structured_throughput",
+        {**params_of(args), "model": f"llama-{args.size} (random weights, float32)", "vocab": vocab, "schema": SCHEMA},
+        rows,
+        baseline=UNCONSTRAINED,
+        summary={"constrained_vs_unconstrained": slowdown, "grammar_once": costs, "target": "decode slowdown < 5% at 64"},
+        notes=[
+            "ratios: constrained throughput over unconstrained, same concurrency; medians over the rounds",
+            "decode_tok_cpu_s: decode tokens per second of this process's CPU time (all threads), which other jobs "
+            "on the machine stretch less than wall time",
+            "the grammar's one-time costs are outside the timed runs (a warm-up compiled the schema in the engine)",
+            f"vocabulary of {vocab} tokens: the mask's per-token cost grows with it (grammar_libraries.py: 49,152)",
+        ],
+        environment={**environment(), "load_avg": load},
+    )
+    print(f"wrote {write_result(result, output_dir(args))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The Responses API (/v1/responses): conversations on top of the chat path."""
