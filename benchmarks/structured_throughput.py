@@ -163,10 +163,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="concurrency 1 and 8, 8 tokens, one round")
     parser.add_argument("--size", default="small")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
-    parser.add_argument("--max-tokens", type=int, default=32, help="output tokens of every request, both sides")
+    parser.add_argument("--max-tokens", type=int, default=128, help="output tokens of every request, both sides")
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--sequential", type=int, default=4, help="requests, one after the other, at concurrency 1")
-    parser.add_argument("--rounds", type=int, default=3, help="runs of each side per concurrency (ABBA order)")
+    parser.add_argument("--rounds", type=int, default=4, help="runs of each side per concurrency (ABBA order)")
     args = parser.parse_args(argv)
     if args.quick:
         args.concurrency, args.max_tokens, args.sequential, args.rounds = [1, 8], 8, 2, 1

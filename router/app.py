@@ -51,6 +51,7 @@ from kvferry.router.scheduling import Scheduler
 from kvferry.router.scheduling.pd_decision import PDDecision
 from kvferry.router.scheduling.prefix_lookup import PrefixLookup
 from kvferry.router.scheduling.routing_history import RoutingHistory
+from kvferry.router.scheduling.sessions import SessionAffinity
 from kvferry.router.service import CompletionService
 
 NODE_CLIENT_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=512)
@@ -112,6 +113,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
         migration=Migration(flow, metrics, config.max_migrations),
         metrics=metrics, plugins=load_plugins(config.plugins), admission=admission,
         default_max_tokens=config.default_max_tokens, check=check,
+        sessions=SessionAffinity(config.session_ttl_seconds),
         output_form=encoder.output_form(None if config.tool_call_parser == "auto" else config.tool_call_parser,
                                         None if config.reasoning_parser == "auto" else config.reasoning_parser == "think"),
     )

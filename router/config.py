@@ -101,6 +101,8 @@ class RouterConfig(_Section):
     # How long /v1/responses keeps a stored response (for previous_response_id): in Redis where redis.url is
     # set, else in the router's memory.
     response_ttl_seconds: float = Field(86400.0, gt=0)
+    # How long a conversation's next turn prefers the nodes of its last (router/scheduling/sessions.py); 0: never.
+    session_ttl_seconds: float = Field(600.0, ge=0)
 
     @model_validator(mode="after")
     def _known_policy(self) -> RouterConfig:

@@ -5,6 +5,7 @@ response (whole or SSE), with its metrics."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import time
 import uuid
@@ -41,6 +42,7 @@ from kvferry.router.dispatch.migration import Migration
 from kvferry.router.metrics import RouterMetrics
 from kvferry.router.scheduling import Decision, NoNodeAvailable, Scheduler, SchedulingRequest
 from kvferry.router.scheduling.prefix_lookup import PrefixLookup
+from kvferry.router.scheduling.sessions import SessionAffinity, session_key
 
 MAX_CHOICES = 64  # prompts x n in one request: each is its own node request
 CLIENT_LEFT = 499  # nginx's status for a client that closed the connection first
@@ -58,6 +60,7 @@ class Prepared:
     num_prompts: int
     returned_per_prompt: int  # n; fewer than generated with best_of
     split: ChoiceSplit | None  # chat: what each choice's output is split into (thinking, tool calls)
+    session: str | None  # its conversation, if it names one (router/scheduling/sessions.py)
 
     def tally(self) -> UsageTally:
         return UsageTally(self.prompt_tokens, len(self.subs), len(self.subs) // self.num_prompts)
@@ -83,11 +86,11 @@ class CompletionService:
     def __init__(self, *, model: str, encoder: PromptEncoder, cluster: ClusterState, lookup: PrefixLookup,
                  scheduler: Scheduler, migration: Migration, metrics: RouterMetrics, plugins: PluginChain,
                  admission: Admission, default_max_tokens: int | None, check: RequestCheck,
-                 output_form: OutputForm) -> None:
+                 output_form: OutputForm, sessions: SessionAffinity) -> None:
         self.model, self.encoder, self.cluster, self.scheduler = model, encoder, cluster, scheduler
         self.lookup, self.migration, self.metrics, self.plugins = lookup, migration, metrics, plugins
         self.admission, self.default_max_tokens, self.check = admission, default_max_tokens, check
-        self.output_form = output_form
+        self.output_form, self.sessions = output_form, sessions
 
     async def serve(self, body: CompletionRequest | ChatCompletionRequest, request: Request,
                     fmt: ResponseFormat | None = None) -> Response:
@@ -99,7 +102,7 @@ class CompletionService:
         streaming, status = False, 500
         try:
             prepared = self._prepare(body)
-            merged = merge_streams(await self._open_streams(prepared.subs))
+            merged = merge_streams(await self._open_streams(prepared.subs, prepared.session))
             if body.stream:
                 first = await until_disconnected(request, self._first(merged))
                 streaming = True
@@ -197,7 +200,7 @@ class CompletionService:
         shape = ResponseShape(kind, f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                               self.model, logprobs, self.encoder.token_text)
         return Prepared(shape, sum(len(ids) for ids in prompt_ids), subs, context, echoes, len(prompt_ids), body.n,
-                        split)
+                        split, session_key(body.prompt_cache_key, body.user))
 
     def _echoes(self, body: CompletionRequest, context: PluginContext, generated: int) -> list[str]:
         """Each generated choice's prompt text: the prompt as given (after plugins), a token prompt decoded."""
@@ -208,16 +211,19 @@ class CompletionService:
                  for p, ids in zip(context.prompts or [], context.prompt_token_ids or [], strict=True)]
         return [text for text in texts for _ in range(generated)]
 
-    async def _open_streams(self, subs: list[SubRequest]) -> list[AsyncIterator[list[dict]]]:
+    async def _open_streams(self, subs: list[SubRequest], session: str | None) -> list[AsyncIterator[list[dict]]]:
         """Schedule each choice (one prefix lookup per prompt) and open its node stream (the nodes are called
-        when it is first read)."""
+        when it is first read). A session's choices go where its last turn went, while those nodes can take
+        them; where they go is its next turn's preference."""
         nodes = self.cluster.views()
         requests: dict[int, SchedulingRequest] = {}
         streams = []
         for sub in subs:
             if sub.prompt_index not in requests:
-                requests[sub.prompt_index] = await self.lookup.request_for(sub.prompt_ids, nodes)
+                request = await self.lookup.request_for(sub.prompt_ids, nodes)
+                requests[sub.prompt_index] = dataclasses.replace(request, session_nodes=self.sessions.nodes(session))
             decision = self._schedule(requests[sub.prompt_index], nodes, len(sub.prompt_ids))
+            self.sessions.record(session, frozenset(node.name for node in (decision.prefill, decision.decode) if node))
             streams.append(self.migration.stream(f"{uuid.uuid4().hex}-{sub.choice}", sub.prompt_ids, sub.spec, decision,
                                                  self._reschedule))
         return streams

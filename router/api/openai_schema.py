@@ -65,6 +65,7 @@ class SamplingFields(OpenBody):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None  # the end user, as the client names them: plugins see it (PluginContext.user)
+    prompt_cache_key: str | None = None  # a conversation's name: its requests go where its KV is (sessions.py)
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
 

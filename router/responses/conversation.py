@@ -43,13 +43,14 @@ def input_messages(body: ResponsesRequest) -> list[Message]:
     return messages
 
 
-def chat_request(body: ResponsesRequest, history: list[Message], turn: list[Message]) -> ChatCompletionRequest:
-    """The chat request of a turn: `history` (the previous responses' conversation), then `turn` (its input)."""
+def chat_request(body: ResponsesRequest, history: list[Message], turn: list[Message], session: str) -> ChatCompletionRequest:
+    """The chat request of a turn: `history` (the previous responses' conversation), then `turn` (its input);
+    `session` names the conversation (its turns go where its KV is)."""
     instructions = [{"role": "system", "content": body.instructions}] if body.instructions else []
     fields: dict[str, Any] = {
         "model": body.model, "messages": [*instructions, *history, *turn], "stream": body.stream,
         "max_completion_tokens": body.max_output_tokens, "temperature": body.temperature, "top_p": body.top_p,
-        "parallel_tool_calls": body.parallel_tool_calls, "user": body.user,
+        "parallel_tool_calls": body.parallel_tool_calls, "user": body.user, "prompt_cache_key": session,
     }
     if body.tools:
         fields["tools"] = [{"type": "function", "function": tool.model_dump(exclude={"type"}, exclude_none=True)}

@@ -37,6 +37,7 @@ class ResponseTurn:
 
     draft: ResponseDraft
     conversation: list[Message]  # before the answer: the earlier turns and this one's input
+    session: str  # the conversation's prompt_cache_key
     store: ResponseStore
     count_tokens: Callable[[str], int]
 
@@ -59,7 +60,7 @@ class ResponseTurn:
         if self.draft.request.store:
             messages = [*self.conversation, answer_message(text, tool_calls or None)]
             try:
-                await self.store.put(self.draft.id, StoredResponse(body, messages))
+                await self.store.put(self.draft.id, StoredResponse(body, messages, self.session))
             except Exception as exc:  # noqa: BLE001 - Redis' errors are many; the client must learn it is not kept
                 raise APIError(503, f"the response could not be stored: {exc!r}") from None
         return body
@@ -72,14 +73,15 @@ class ResponsesService:
 
     async def create(self, body: ResponsesRequest, request: Request) -> Response:
         self.check(body)
+        draft = ResponseDraft(new_id("resp"), int(time.time()), self.completions.model, body)
         history: list[Message] = []
+        session = body.prompt_cache_key or draft.id  # a new conversation is named by its first response
         if body.previous_response_id is not None:
             previous = await self._stored(body.previous_response_id, "previous_response_id")
-            history = previous.messages
+            history, session = previous.messages, body.prompt_cache_key or previous.session
         turn = input_messages(body)
-        draft = ResponseDraft(new_id("resp"), int(time.time()), self.completions.model, body)
-        chat = chat_request(body, history, turn)
-        return await self.completions.serve(chat, request, ResponseTurn(draft, [*history, *turn], self.store,
+        chat = chat_request(body, history, turn, session)
+        return await self.completions.serve(chat, request, ResponseTurn(draft, [*history, *turn], session, self.store,
                                                                         self.count_tokens))
 
     async def retrieve(self, response_id: str) -> JSONResponse:

@@ -18,14 +18,15 @@ MEMORY_STORE_LIMIT = 10_000  # responses kept in a router without Redis
 class StoredResponse:
     body: dict[str, Any]  # the response as the API returned it
     messages: list[dict[str, Any]]  # the conversation as chat messages, this response's answer last
+    session: str  # the conversation's prompt_cache_key: its next turn goes where this one went
 
     def dumps(self) -> bytes:
-        return orjson.dumps({"body": self.body, "messages": self.messages})
+        return orjson.dumps({"body": self.body, "messages": self.messages, "session": self.session})
 
     @classmethod
     def loads(cls, raw: bytes) -> StoredResponse:
         value = orjson.loads(raw)
-        return cls(value["body"], value["messages"])
+        return cls(value["body"], value["messages"], value["session"])
 
 
 class ResponseStore(Protocol):

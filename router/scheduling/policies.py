@@ -13,8 +13,9 @@ from kvferry.router.scheduling.scorers import SCORERS
 
 ScorerWeights = Mapping[str, float]
 
-# Decode nodes are chosen by KV capacity and load (and how much of the prompt they already hold).
-DECODE_BY_CAPACITY: ScorerWeights = {"kv_pressure": 1.0, "queue_depth": 1.0, "transfer_cost": 0.5}
+# Decode nodes are chosen by KV capacity and load (and how much of the prompt they already hold), a
+# conversation's next turn by where its last went (its answer's KV is there), while that node is not overloaded.
+DECODE_BY_CAPACITY: ScorerWeights = {"kv_pressure": 1.0, "queue_depth": 1.0, "transfer_cost": 0.5, "session": 2.0}
 
 
 @dataclass(frozen=True)
@@ -40,10 +41,10 @@ POLICIES: dict[str, Policy] = {
         # The queue weight only breaks ties (a hit of one block in a hundred outweighs it): prompts cached
         # nowhere go to the shorter queue instead of taking blind turns, which piled a burst of new groups'
         # misses on one node.
-        Policy("prefix", prefill={"prefix_hit": 1.0, "queue_depth": 0.01}, decode=DECODE_BY_CAPACITY),
+        Policy("prefix", prefill={"prefix_hit": 1.0, "queue_depth": 0.01, "session": 1.0}, decode=DECODE_BY_CAPACITY),
         Policy(
             "default",
-            prefill={"prefix_hit": 2.0, "queue_depth": 1.0, "kv_pressure": 0.5},
+            prefill={"prefix_hit": 2.0, "queue_depth": 1.0, "kv_pressure": 0.5, "session": 1.5},
             decode=DECODE_BY_CAPACITY,
         ),
     )

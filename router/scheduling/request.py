@@ -16,6 +16,7 @@ class SchedulingRequest:
     decode: NodeView | None = None  # the chosen decode node, once picked (prefill scoring uses it)
     block_size: int = 16
     block_hashes: tuple[int, ...] = ()  # the prompt's chained block hashes (the routing history keeps them)
+    session_nodes: frozenset[str] = frozenset()  # the nodes of its conversation's last turn (sessions.py)
 
     def uncached_tokens(self, nodes: list[NodeView]) -> int:
         """The prompt tokens the best-placed of `nodes` would still compute."""

@@ -45,9 +45,28 @@ def transfer_cost(request: SchedulingRequest, nodes: list[NodeView]) -> list[flo
     return [1.0 if node.host == request.decode.host else 0.0 for node in nodes]
 
 
+# A session's node stops being preferred when its queue is this much longer than the shortest, or its KV pool
+# this nearly full: recomputing the conversation elsewhere is cheaper than waiting behind the queue.
+SESSION_QUEUE_SLACK = 4
+SESSION_MIN_FREE_KV = 0.05
+
+
+def session(request: SchedulingRequest, nodes: list[NodeView]) -> list[float]:
+    """1 for the node of the request's conversation's last turn (its KV is there) unless it is overloaded."""
+    shortest = min((node.queue_depth for node in nodes), default=0)
+
+    def preferred(node: NodeView) -> bool:
+        full = node.free_blocks is not None and bool(node.total_blocks) and \
+            node.free_blocks / node.total_blocks < SESSION_MIN_FREE_KV  # type: ignore[operator]
+        return node.name in request.session_nodes and node.queue_depth <= shortest + SESSION_QUEUE_SLACK and not full
+
+    return [1.0 if preferred(node) else 0.0 for node in nodes]
+
+
 SCORERS: dict[str, Scorer] = {
     "prefix_hit": prefix_hit,
     "queue_depth": queue_depth,
     "kv_pressure": kv_pressure,
     "transfer_cost": transfer_cost,
+    "session": session,
 }

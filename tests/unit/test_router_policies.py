@@ -125,3 +125,39 @@ def test_policies_refuse_unknown_scorers_and_negative_weights():
         Policy("bad", prefill={"nope": 1.0})
     with pytest.raises(ValueError, match=">= 0"):
         Policy("bad", decode={"queue_depth": -1.0})
+
+
+def test_a_conversation_stays_on_its_last_turns_nodes_until_they_are_overloaded():
+    """The decode node of the last turn holds the answer's KV: it keeps the conversation over a lighter node,
+    not over one whose queue is SESSION_QUEUE_SLACK shorter or when its KV pool is nearly full."""
+    from dataclasses import replace
+
+    from kvferry.router.scheduling.scorers import SESSION_QUEUE_SLACK
+
+    session = replace(request(cached={"p0": 4, "p1": 4}), session_nodes=frozenset({"p1", "d1"}))
+    lighter = [prefill("p0"), prefill("p1", inflight=1), decode("d0", inflight=1), decode("d1", inflight=3, free_blocks=50,
+                                                                                          total_blocks=100)]
+    assert picks("default", lighter, [session]) == [("p1", "d1")]
+    assert picks("default", lighter, [request(cached={"p0": 4, "p1": 4})]) == [("p0", "d0")]  # no session: by load
+    queued = [*lighter[:2], decode("d0"), decode("d1", inflight=SESSION_QUEUE_SLACK + 1)]
+    assert picks("default", queued, [session]) == [("p1", "d0")]
+    full = [*lighter[:2], decode("d0", inflight=1), decode("d1", inflight=1, free_blocks=4, total_blocks=100)]
+    assert picks("default", full, [session]) == [("p1", "d0")]
+
+
+def test_sessions_are_forgotten_after_their_ttl_and_beyond_the_limit():
+    from kvferry.router.scheduling.sessions import SessionAffinity, session_key
+
+    now = [0.0]
+    sessions = SessionAffinity(ttl_seconds=10, max_sessions=2, clock=lambda: now[0])
+    sessions.record("a", frozenset({"p0", "d0"}))
+    now[0] = 5
+    sessions.record("b", frozenset({"p1"}))
+    assert sessions.nodes("a") == {"p0", "d0"} and sessions.nodes(None) == frozenset()
+    now[0] = 11
+    assert sessions.nodes("a") == frozenset() and sessions.nodes("b") == {"p1"}
+    sessions.record("c", frozenset({"d1"}))
+    sessions.record("d", frozenset({"d0"}))
+    assert sessions.nodes("b") == frozenset() and sessions.nodes("d") == {"d0"}  # the oldest went first
+    assert session_key("conv-1", "ada") == "key:conv-1" and session_key(None, "ada") == "user:ada"
+    assert session_key(None, None) is None
