@@ -13,9 +13,9 @@ from kvferry.router.scheduling.scorers import SCORERS
 
 ScorerWeights = Mapping[str, float]
 
-# Decode nodes are chosen by KV capacity and load (and how much of the prompt they already hold), a
-# conversation's next turn by where its last went (its answer's KV is there), while that node is not overloaded.
-DECODE_BY_CAPACITY: ScorerWeights = {"kv_pressure": 1.0, "queue_depth": 1.0, "transfer_cost": 0.5, "session": 2.0}
+# Decode nodes are chosen by KV capacity and load (and how much of the prompt they already hold).
+DECODE_BY_CAPACITY: ScorerWeights = {"kv_pressure": 1.0, "queue_depth": 1.0, "transfer_cost": 0.5}
+DEFAULT_PREFILL: ScorerWeights = {"prefix_hit": 2.0, "queue_depth": 1.0, "kv_pressure": 0.5}
 
 
 @dataclass(frozen=True)
@@ -41,11 +41,11 @@ POLICIES: dict[str, Policy] = {
         # The queue weight only breaks ties (a hit of one block in a hundred outweighs it): prompts cached
         # nowhere go to the shorter queue instead of taking blind turns, which piled a burst of new groups'
         # misses on one node.
-        Policy("prefix", prefill={"prefix_hit": 1.0, "queue_depth": 0.01, "session": 1.0}, decode=DECODE_BY_CAPACITY),
-        Policy(
-            "default",
-            prefill={"prefix_hit": 2.0, "queue_depth": 1.0, "kv_pressure": 0.5, "session": 1.5},
-            decode=DECODE_BY_CAPACITY,
-        ),
+        Policy("prefix", prefill={"prefix_hit": 1.0, "queue_depth": 0.01}, decode=DECODE_BY_CAPACITY),
+        Policy("default", prefill=DEFAULT_PREFILL, decode=DECODE_BY_CAPACITY),
+        # The default, and a conversation's next turn where its last went (the decode node holds its answer's
+        # KV) while that node is not overloaded. Not the default: on two CPU cores it was slower than the
+        # default for multi-turn conversations (benchmarks/multi_turn_sessions.py, docs/benchmarks.md).
+        Policy("session", prefill={**DEFAULT_PREFILL, "session": 1.5}, decode={**DECODE_BY_CAPACITY, "session": 2.0}),
     )
 }

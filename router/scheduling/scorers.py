@@ -45,9 +45,11 @@ def transfer_cost(request: SchedulingRequest, nodes: list[NodeView]) -> list[flo
     return [1.0 if node.host == request.decode.host else 0.0 for node in nodes]
 
 
-# A session's node stops being preferred when its queue is this much longer than the shortest, or its KV pool
-# this nearly full: recomputing the conversation elsewhere is cheaper than waiting behind the queue.
-SESSION_QUEUE_SLACK = 4
+# A session's node stops being preferred when its queue is longer than the shortest by more than this, or its
+# KV pool this nearly full. Measured (benchmarks/multi_turn_sessions.py): with a slack of 4, the first turns of
+# 4 conversations landed on one decode node (the other was idle when each arrived) and stayed there, and TTFT
+# p50 was 9x prefix routing's; a conversation must not hold a node that has more to do than another.
+SESSION_QUEUE_SLACK = 1
 SESSION_MIN_FREE_KV = 0.05
 
 

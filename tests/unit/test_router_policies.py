@@ -135,14 +135,15 @@ def test_a_conversation_stays_on_its_last_turns_nodes_until_they_are_overloaded(
     from kvferry.router.scheduling.scorers import SESSION_QUEUE_SLACK
 
     session = replace(request(cached={"p0": 4, "p1": 4}), session_nodes=frozenset({"p1", "d1"}))
-    lighter = [prefill("p0"), prefill("p1", inflight=1), decode("d0", inflight=1), decode("d1", inflight=3, free_blocks=50,
+    lighter = [prefill("p0"), prefill("p1", inflight=1), decode("d0", inflight=1), decode("d1", inflight=2, free_blocks=50,
                                                                                           total_blocks=100)]
-    assert picks("default", lighter, [session]) == [("p1", "d1")]
-    assert picks("default", lighter, [request(cached={"p0": 4, "p1": 4})]) == [("p0", "d0")]  # no session: by load
+    assert picks("session", lighter, [session]) == [("p1", "d1")]
+    assert picks("session", lighter, [request(cached={"p0": 4, "p1": 4})]) == [("p0", "d0")]  # no session: by load
+    assert picks("default", lighter, [session]) == [("p0", "d0")]  # the default policy has no session scorer
     queued = [*lighter[:2], decode("d0"), decode("d1", inflight=SESSION_QUEUE_SLACK + 1)]
-    assert picks("default", queued, [session]) == [("p1", "d0")]
+    assert picks("session", queued, [session]) == [("p1", "d0")]
     full = [*lighter[:2], decode("d0", inflight=1), decode("d1", inflight=1, free_blocks=4, total_blocks=100)]
-    assert picks("default", full, [session]) == [("p1", "d0")]
+    assert picks("session", full, [session]) == [("p1", "d0")]
 
 
 def test_sessions_are_forgotten_after_their_ttl_and_beyond_the_limit():
