@@ -22,7 +22,7 @@ from kvferry.router.admission.limit import Admission
 from kvferry.router.admission.plugins import PluginChain, PluginContext
 from kvferry.router.api.best_of import most_likely
 from kvferry.router.api.chat_stream import ChatEventWriter, StreamWriter
-from kvferry.router.api.completion_shapes import Choice, ResponseShape
+from kvferry.router.api.completion_shapes import Choice, ResponseShape, TokenUsage, UsageTally
 from kvferry.router.api.disconnect import ClientDisconnected, until_disconnected
 from kvferry.router.api.errors import APIError, overloaded
 from kvferry.router.api.openai_schema import (
@@ -35,14 +35,13 @@ from kvferry.router.api.reasoning import thinking_open
 from kvferry.router.api.request_body import RequestCheck, sampling_spec
 from kvferry.router.api.streams import merge_streams
 from kvferry.router.api.tool_calls import ToolUse, template_messages
-from kvferry.router.api.usage import TokenUsage, UsageTally
 from kvferry.router.discovery.cluster import ClusterState
 from kvferry.router.discovery.nodes import NodeView
 from kvferry.router.dispatch.migration import Migration
 from kvferry.router.metrics import RouterMetrics
 from kvferry.router.scheduling import Decision, NoNodeAvailable, Scheduler, SchedulingRequest
 from kvferry.router.scheduling.prefix_lookup import PrefixLookup
-from kvferry.router.scheduling.sessions import SessionAffinity, session_key
+from kvferry.router.scheduling.sessions import SessionAffinity
 
 MAX_CHOICES = 64  # prompts x n in one request: each is its own node request
 CLIENT_LEFT = 499  # nginx's status for a client that closed the connection first
@@ -200,7 +199,7 @@ class CompletionService:
         shape = ResponseShape(kind, f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}", int(time.time()),
                               self.model, logprobs, self.encoder.token_text)
         return Prepared(shape, sum(len(ids) for ids in prompt_ids), subs, context, echoes, len(prompt_ids), body.n,
-                        split, session_key(body.prompt_cache_key, body.user))
+                        split, _session_of(body))
 
     def _echoes(self, body: CompletionRequest, context: PluginContext, generated: int) -> list[str]:
         """Each generated choice's prompt text: the prompt as given (after plugins), a token prompt decoded."""
@@ -221,9 +220,12 @@ class CompletionService:
         for sub in subs:
             if sub.prompt_index not in requests:
                 request = await self.lookup.request_for(sub.prompt_ids, nodes)
-                requests[sub.prompt_index] = dataclasses.replace(request, session_nodes=self.sessions.nodes(session))
+                if session is not None:
+                    request = dataclasses.replace(request, session_nodes=self.sessions.nodes(session))
+                requests[sub.prompt_index] = request
             decision = self._schedule(requests[sub.prompt_index], nodes, len(sub.prompt_ids))
-            self.sessions.record(session, frozenset(node.name for node in (decision.prefill, decision.decode) if node))
+            if session is not None:
+                self.sessions.record(session, frozenset(node.name for node in (decision.prefill, decision.decode) if node))
             streams.append(self.migration.stream(f"{uuid.uuid4().hex}-{sub.choice}", sub.prompt_ids, sub.spec, decision,
                                                  self._reschedule))
         return streams
@@ -303,6 +305,13 @@ class ChatFormat:
     def writer(self, prepared: Prepared, plugins: PluginChain) -> StreamWriter:
         return ChatEventWriter(prepared.shape, plugins, prepared.context, len(prepared.subs), self.include_usage,
                                prepared.parsers(), prepared.echoes)
+
+
+def _session_of(body: CompletionRequest | ChatCompletionRequest) -> str | None:
+    """The conversation a request names (router/scheduling/sessions.py): its prompt_cache_key, else its user."""
+    if body.prompt_cache_key:
+        return f"key:{body.prompt_cache_key}"
+    return f"user:{body.user}" if body.user else None
 
 
 def _generated_per_prompt(body: CompletionRequest) -> int:

@@ -7,11 +7,10 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from kvferry.router.admission.plugins import PluginChain, PluginContext
-from kvferry.router.api.completion_shapes import ResponseShape, sse
+from kvferry.router.api.completion_shapes import ResponseShape, TokenUsage, sse
 from kvferry.router.api.errors import APIError
 from kvferry.router.api.output_parser import OutputParser
 from kvferry.router.api.parsed_output import Parsed
-from kvferry.router.api.usage import TokenUsage
 
 
 class StreamWriter(Protocol):

@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from kvferry.router.api.usage import TokenUsage
+from kvferry.router.api.completion_shapes import TokenUsage
 from kvferry.router.responses.schema import ResponsesRequest
 
 Status = Literal["in_progress", "completed", "incomplete", "failed"]

@@ -14,10 +14,9 @@ from starlette.requests import Request
 
 from kvferry.router.admission.plugins import PluginChain
 from kvferry.router.api.chat_stream import StreamWriter
-from kvferry.router.api.completion_shapes import Choice
+from kvferry.router.api.completion_shapes import Choice, TokenUsage
 from kvferry.router.api.errors import APIError
 from kvferry.router.api.request_body import RequestCheck
-from kvferry.router.api.usage import TokenUsage
 from kvferry.router.responses.conversation import Message, answer_message, chat_request, input_messages
 from kvferry.router.responses.output import ResponseDraft, incomplete_reason, new_id, output_items
 from kvferry.router.responses.schema import ResponsesRequest

@@ -11,10 +11,10 @@ import orjson
 
 from kvferry.router.admission.plugins import PluginChain, PluginContext
 from kvferry.router.api.chat_stream import parsed_piece
+from kvferry.router.api.completion_shapes import TokenUsage
 from kvferry.router.api.errors import APIError
 from kvferry.router.api.output_parser import OutputParser
 from kvferry.router.api.parsed_output import Parsed
-from kvferry.router.api.usage import TokenUsage
 from kvferry.router.responses.output import (
     ResponseDraft,
     function_call_item,

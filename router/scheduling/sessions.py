@@ -34,9 +34,3 @@ class SessionAffinity:
         self._last.move_to_end(key)
         while len(self._last) > self.max_sessions:
             self._last.popitem(last=False)
-
-
-def session_key(prompt_cache_key: str | None, user: str | None) -> str | None:
-    if prompt_cache_key:
-        return f"key:{prompt_cache_key}"
-    return f"user:{user}" if user else None

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from kvferry.router.admission.plugins import PluginChain, PluginContext
+from kvferry.router.api.completion_shapes import TokenUsage
 from kvferry.router.api.output_parser import OutputParser
 from kvferry.router.api.reasoning import ReasoningParser
 from kvferry.router.api.tool_parsers import HermesParser
-from kvferry.router.api.usage import TokenUsage
 from kvferry.router.responses.output import ResponseDraft
 from kvferry.router.responses.schema import ResponsesRequest
 from kvferry.router.responses.stream import ResponseEventWriter

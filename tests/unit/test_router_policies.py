@@ -147,7 +147,7 @@ def test_a_conversation_stays_on_its_last_turns_nodes_until_they_are_overloaded(
 
 
 def test_sessions_are_forgotten_after_their_ttl_and_beyond_the_limit():
-    from kvferry.router.scheduling.sessions import SessionAffinity, session_key
+    from kvferry.router.scheduling.sessions import SessionAffinity
 
     now = [0.0]
     sessions = SessionAffinity(ttl_seconds=10, max_sessions=2, clock=lambda: now[0])
@@ -160,5 +160,3 @@ def test_sessions_are_forgotten_after_their_ttl_and_beyond_the_limit():
     sessions.record("c", frozenset({"d1"}))
     sessions.record("d", frozenset({"d0"}))
     assert sessions.nodes("b") == frozenset() and sessions.nodes("d") == {"d0"}  # the oldest went first
-    assert session_key("conv-1", "ada") == "key:conv-1" and session_key(None, "ada") == "user:ada"
-    assert session_key(None, None) is None
