@@ -86,7 +86,11 @@ def test_context_boundaries_follow_one_rule(cluster, prompt_tokens, max_tokens, 
     response = _post(cluster, body)
     if accepted:
         assert response.status_code == 200, response.text
-        assert response.json()["usage"] == {
+        usage = response.json()["usage"]
+        # the prompts are all one token repeated, so an earlier case's KV may serve a prefix; the last token is computed
+        cached = usage.pop("prompt_tokens_details")["cached_tokens"]
+        assert 0 <= cached < prompt_tokens, cached
+        assert usage == {
             "prompt_tokens": prompt_tokens, "completion_tokens": max_tokens, "total_tokens": prompt_tokens + max_tokens,
         }
     else:
