@@ -1,0 +1,154 @@
+"""One role's replica count, decided once an interval from what the last interval showed.
+
+The replicas a role needs for the next interval are the forecast load over the load one replica may carry
+at the target. That capacity is read from the interval itself when its latency says enough (a role well
+below its floor says little: any count would look fine), else the last capacity learnt stands; with none
+learnt yet, the count stays. Anti-flapping, Kubernetes' HPA's way: a scale-up waits out a short cool-down
+and at most doubles the role (or adds 4); a scale-down takes the highest recommendation of a whole window,
+so it happens only after the load has stayed low that long, and removes at most half.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from kvferry.operator.planner.forecast import LoadForecast
+from kvferry.operator.planner.pressure import LatencyShape, kv_pressure, latency_pressure, updated_floor
+
+INFORMATIVE_PRESSURE = 0.5  # below it, latency is too close to its floor to say what a replica can carry
+OVERLOAD_PRESSURE = 1.5  # above it, a queue is growing: the latency says the role is short, not by how much
+CAPACITY_WEIGHT = 0.5  # of a new capacity reading in the one remembered
+SCALE_UP_STEP = 4  # a scale-up may add this many replicas, or double the role if that is more
+
+
+@dataclass(frozen=True)
+class ScalingPolicy:
+    """A role's bounds and targets (from the InferenceCluster's spec)."""
+
+    min_replicas: int
+    max_replicas: int
+    latency_target_s: float  # TTFT p90 for prefill, inter-token latency p90 for decode
+    shape: LatencyShape  # prefill: queueing, decode: batching (pressure.py)
+    kv_usage_target: float | None = None  # decode: the fraction of KV blocks in use to stay under
+    scale_up_cooldown_s: float = 60.0
+    scale_down_window_s: float = 300.0
+    tolerance: float = 0.1  # a recommendation this close to the current count (relative) keeps it
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One role over the last interval."""
+
+    at_s: float  # when the interval ended (any clock, as long as it only moves forward)
+    replicas: int  # ready and serving
+    load: float  # the role's work: prefill, prompt tokens (or requests) per second; decode, requests running
+    latency_p90_s: float | None  # None: nothing measured in the interval
+    kv_usage: float | None = None  # decode: fraction of KV blocks in use, mean over the replicas
+
+
+@dataclass(frozen=True)
+class PlannerState:
+    """What one decision hands to the next. `fresh` starts it."""
+
+    replicas: int  # the count decided last
+    since_s: float  # the first observation's time
+    changed_at_s: float | None = None
+    forecast: LoadForecast | None = None
+    capacity: float | None = None  # load one replica may carry at the target, learnt
+    floor_s: float | None = None  # latency with no load in the way (pressure.py)
+    recent: tuple[tuple[float, int], ...] = ()  # (time, recommended count) within the scale-down window
+    missed: tuple[float, int] | None = None  # (load, ready replicas) of the last interval over the target
+
+    @classmethod
+    def fresh(cls, replicas: int, at_s: float) -> PlannerState:
+        return cls(replicas=replicas, since_s=at_s)
+
+
+@dataclass(frozen=True)
+class Decision:
+    replicas: int
+    recommended: int  # what this interval alone asked for, before cool-downs and windows
+    reason: str
+    state: PlannerState
+
+
+def plan(policy: ScalingPolicy, state: PlannerState, seen: Observation) -> Decision:
+    forecast = state.forecast.updated(seen.load) if state.forecast else LoadForecast.first(seen.load)
+    floor_s = updated_floor(state.floor_s, seen.latency_p90_s)
+    pressure = _pressure(policy, floor_s, seen)
+    capacity = state.capacity
+    if pressure is not None and INFORMATIVE_PRESSURE <= pressure <= OVERLOAD_PRESSURE:
+        reading = seen.load / seen.replicas / pressure
+        capacity = reading if capacity is None else CAPACITY_WEIGHT * reading + (1 - CAPACITY_WEIGHT) * capacity
+    expected = forecast.next_interval()
+    missed = (seen.load, seen.replicas) if pressure is not None and pressure > 1 else state.missed
+    if missed is not None and expected < missed[0] * (1 - policy.tolerance):
+        missed = None  # the load has fallen below the one that count failed at
+    recommended, why = _recommend(policy, state.replicas, seen, expected, pressure, capacity)
+    if missed is not None and recommended <= missed[1]:
+        # a count that missed the target at this load is not tried again while the load stays: what keeps
+        # an estimate's error from flapping the role around the count it needs
+        recommended = min(policy.max_replicas, missed[1] + 1)
+        why += f"; {missed[1]} missed the target at load {missed[0]:.3g}"
+    recent = tuple(entry for entry in state.recent if entry[0] > seen.at_s - policy.scale_down_window_s)
+    recent += ((seen.at_s, recommended),)
+    state = replace(state, forecast=forecast, capacity=capacity, floor_s=floor_s, recent=recent, missed=missed)
+    replicas, action = _apply(policy, state, seen.at_s, recommended)
+    if replicas != state.replicas:
+        state = replace(state, replicas=replicas, changed_at_s=seen.at_s)
+    return Decision(replicas, recommended, f"{action}: {why}", state)
+
+
+def _pressure(policy: ScalingPolicy, floor_s: float | None, seen: Observation) -> float | None:
+    """None when the interval says nothing about how full the role is."""
+    if seen.replicas == 0 or seen.load <= 0:
+        return None
+    readings = []
+    if seen.latency_p90_s is not None and floor_s is not None:
+        readings.append(latency_pressure(policy.shape, floor_s, seen.latency_p90_s, policy.latency_target_s))
+    if policy.kv_usage_target is not None and seen.kv_usage is not None:
+        readings.append(kv_pressure(seen.kv_usage, policy.kv_usage_target))
+    return max(readings, default=None)
+
+
+def _recommend(policy: ScalingPolicy, current: int, seen: Observation, expected: float,
+               pressure: float | None, capacity: float | None) -> tuple[int, str]:
+    if seen.load <= 0 and expected <= 0:
+        return policy.min_replicas, "no load"
+    said = f"load {seen.load:.3g} -> {expected:.3g} expected"
+    if pressure is not None:
+        said += f", pressure {pressure:.2f}"
+    if pressure is not None and pressure > OVERLOAD_PRESSURE:
+        needed = seen.replicas * pressure  # as hard as the latency says: the step cap below bounds it
+    elif capacity is None or capacity <= 0:
+        return current, f"{said}, no capacity learnt yet"
+    else:
+        needed = expected / capacity
+        said += f", {capacity:.3g} per replica at the target"
+    if current and abs(needed / current - 1) <= policy.tolerance:
+        return current, said
+    if needed < current:  # fewer replicas: with the tolerance as headroom, since the capacity is an estimate
+        return max(policy.min_replicas, min(current, math.ceil(needed * (1 + policy.tolerance)))), said
+    if pressure is not None and pressure < INFORMATIVE_PRESSURE:
+        # well under its targets now: a capacity learnt under other conditions does not argue for more
+        return current, said
+    cap = max(2 * current, current + SCALE_UP_STEP)
+    return min(policy.max_replicas, cap, math.ceil(needed)), said
+
+
+def _apply(policy: ScalingPolicy, state: PlannerState, now_s: float, recommended: int) -> tuple[int, str]:
+    current = state.replicas
+    since_change = math.inf if state.changed_at_s is None else now_s - state.changed_at_s
+    if recommended > current:
+        if since_change < policy.scale_up_cooldown_s:
+            return current, f"hold at {current} (scale-up cool-down, {recommended} recommended)"
+        return recommended, f"scale up {current} -> {recommended}"
+    highest = max(count for _, count in state.recent)
+    if highest >= current:
+        return current, f"hold at {current}"
+    settled = min(since_change, now_s - state.since_s) >= policy.scale_down_window_s
+    if not settled:
+        return current, f"hold at {current} (scale-down window, {highest} recommended)"
+    target = max(highest, math.ceil(current / 2), policy.min_replicas)
+    return target, f"scale down {current} -> {target}"
