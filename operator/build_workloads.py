@@ -10,7 +10,7 @@ transfer, Redis) into a rollout.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from kvferry.operator.build_config import CONFIG_DIR, CONFIG_PATH, NODE_PORT
 from kvferry.operator.build_rbac import router_service_account_name
@@ -19,13 +19,13 @@ from kvferry.operator.model_source import parse_model_source
 from kvferry.operator.naming import (
     CONFIG_HASH_ANNOTATION,
     ClusterRef,
+    ServingRole,
     child_metadata,
     labels,
     selector_labels,
 )
 from kvferry.operator.security import container_security_context, pod_security_context
 
-ServingRole = Literal["prefill", "decode", "router"]
 API_KEY_ENV = "KVFERRY_API_KEY"
 CLUSTER_TOKEN_ENV = "KVFERRY_CLUSTER_TOKEN"  # what kvferry.router.admission.auth.cluster_token_from reads, in every role
 POD_NAME_ENV = "POD_NAME"
@@ -128,8 +128,9 @@ def role_spec_of(spec: InferenceClusterSpec, role: ServingRole) -> RoleSpec:
 
 
 def build_role_deployment(
-    ref: ClusterRef, spec: InferenceClusterSpec, role: ServingRole, config_hash: str
+    ref: ClusterRef, spec: InferenceClusterSpec, role: ServingRole, config_hash: str, replicas: int
 ) -> dict[str, Any]:
+    """`replicas`: the role's count (replica_counts.py: the spec's, or the autoscaling planner's)."""
     role_spec = role_spec_of(spec, role)
     volumes, mounts = _volumes(spec, role, ref)
     container = {
@@ -162,7 +163,7 @@ def build_role_deployment(
         "kind": "Deployment",
         "metadata": child_metadata(ref, role),
         "spec": {
-            "replicas": role_spec.replicas,
+            "replicas": replicas,
             "selector": {"matchLabels": selector_labels(ref, role)},
             "template": {
                 "metadata": {

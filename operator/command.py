@@ -49,6 +49,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=60.0,
         help="re-apply every cluster this often, restoring children changed by hand",
     )
+    parser.add_argument(
+        "--autoscale-seconds",
+        type=float,
+        default=30.0,
+        help="the autoscaling planner's interval: scrape, decide, apply, for clusters with autoscaling",
+    )
     parser.add_argument("--health-host", default="0.0.0.0", help="address of the /healthz endpoint")
     parser.add_argument("--health-port", type=int, default=0, help="port of the /healthz endpoint (0: off)")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
@@ -85,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
         # The pod's uid (downward API) only with the pod's own name as the identity: the owner reference names both.
         pod_uid=os.environ.get("POD_UID") if not args.identity else None,
         resync_s=args.resync_seconds,
+        autoscale_s=args.autoscale_seconds,
         health_host=args.health_host,
         health_port=args.health_port,
         reconcile=ReconcileSettings(test_hook_apply_delay_s=args.test_hook_apply_delay),

@@ -24,6 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from kvferry import __version__
 from kvferry.operator.model_source import SUPPORTED_FORMS, parse_model_source
+from kvferry.operator.planner.plan import ScalingPolicy
 
 # What `make image` builds and imports into the node's container runtime: no registry needs to be reachable.
 DEFAULT_IMAGE = f"localhost/kvferry:{__version__}"
@@ -139,6 +140,79 @@ class RoleSpec(KubeModel):
         return env
 
 
+class Autoscaling(KubeModel):
+    """What prefill's and decode's autoscaling share: bounds and the pace of changes."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "self.minReplicas <= self.maxReplicas", "message": "minReplicas must not exceed maxReplicas"}
+            ]
+        }
+    )
+
+    min_replicas: int = Field(1, ge=1, le=MAX_REPLICAS, description="The fewest pods the planner keeps.")
+    max_replicas: int = Field(ge=1, le=MAX_REPLICAS, description="The most pods the planner asks for.")
+    scale_up_cooldown_seconds: int = Field(
+        60, ge=0, le=3600, description="Time after a change before the planner adds pods again."
+    )
+    scale_down_window_seconds: int = Field(
+        300,
+        ge=0,
+        le=86400,
+        description="The planner removes pods only when every recommendation of this long window asked for "
+        "fewer, and not sooner than this after a change.",
+    )
+
+    @model_validator(mode="after")
+    def _bounds_in_order(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("minReplicas must not exceed maxReplicas")
+        return self
+
+
+class PrefillAutoscaling(Autoscaling):
+    ttft_p90_seconds: float = Field(
+        gt=0, le=3600, description="Target: the 90th percentile of time to first token, as the routers measure it."
+    )
+
+    def policy(self) -> ScalingPolicy:
+        return ScalingPolicy(self.min_replicas, self.max_replicas, self.ttft_p90_seconds, "queueing",
+                             scale_up_cooldown_s=self.scale_up_cooldown_seconds,
+                             scale_down_window_s=self.scale_down_window_seconds)
+
+
+class DecodeAutoscaling(Autoscaling):
+    itl_p90_seconds: float = Field(
+        gt=0, le=60, description="Target: the 90th percentile of the gap between a stream's tokens, as the routers "
+        "measure it."
+    )
+    kv_cache_usage: float = Field(
+        0.9, gt=0, le=1, description="Target: the fraction of the decode nodes' KV blocks in use, on average."
+    )
+
+    def policy(self) -> ScalingPolicy:
+        return ScalingPolicy(self.min_replicas, self.max_replicas, self.itl_p90_seconds, "batching",
+                             kv_usage_target=self.kv_cache_usage,
+                             scale_up_cooldown_s=self.scale_up_cooldown_seconds,
+                             scale_down_window_s=self.scale_down_window_seconds)
+
+
+AUTOSCALED = "With autoscaling, the planner sets the count between its bounds (replicas is the start)."
+
+
+class PrefillSpec(RoleSpec):
+    autoscaling: PrefillAutoscaling | None = Field(
+        None, description=f"Scale prefill pods to a TTFT target. {AUTOSCALED}"
+    )
+
+
+class DecodeSpec(RoleSpec):
+    autoscaling: DecodeAutoscaling | None = Field(
+        None, description=f"Scale decode pods to inter-token latency and KV usage targets. {AUTOSCALED}"
+    )
+
+
 class RouterSpec(RoleSpec):
     service_type: Literal["ClusterIP", "LoadBalancer"] = Field(
         "ClusterIP",
@@ -225,10 +299,10 @@ class InferenceClusterSpec(KubeModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="When the kubelet pulls the image."
     )
-    prefill: RoleSpec = nested(
-        RoleSpec, "Prefill nodes: compute prompts' KV cache and send it to decode nodes."
+    prefill: PrefillSpec = nested(
+        PrefillSpec, "Prefill nodes: compute prompts' KV cache and send it to decode nodes."
     )
-    decode: RoleSpec = nested(RoleSpec, "Decode nodes: receive KV blocks and stream generated tokens.")
+    decode: DecodeSpec = nested(DecodeSpec, "Decode nodes: receive KV blocks and stream generated tokens.")
     router: RouterSpec = nested(RouterSpec, "Router: the OpenAI-compatible endpoint that picks the nodes.")
     kv_cache: KVCacheSpec = nested(KVCacheSpec, "KV cache pool of every node.")
     transfer: TransferSpec = nested(TransferSpec, "KV block transfer from prefill to decode nodes.")
@@ -266,6 +340,20 @@ class Condition(KubeModel):
     observed_generation: int = Field(0, description="metadata.generation the condition was computed for.")
 
 
+class AutoscaledRole(KubeModel):
+    replicas: int = Field(description="Pods the planner decided on.")
+    recommended: int = Field(description="Pods the last interval alone asked for, before cool-downs and windows.")
+    reason: str = Field(description="The last decision and what it was made on.")
+    last_scale_time: str | None = Field(
+        None, description="When the planner last changed the count.", json_schema_extra={"format": "date-time"}
+    )
+
+
+class AutoscalingStatus(KubeModel):
+    prefill: AutoscaledRole | None = Field(None, description="The planner's prefill decisions.")
+    decode: AutoscaledRole | None = Field(None, description="The planner's decode decisions.")
+
+
 class InferenceClusterStatus(KubeModel):
     phase: Literal["Pending", "Progressing", "Ready", "Degraded"] = Field(
         "Pending", description="Summary: Pending, Progressing (rolling out), Ready or Degraded."
@@ -280,3 +368,6 @@ class InferenceClusterStatus(KubeModel):
     router: RoleStatus = nested(RoleStatus, "Router replicas.")
     observed_generation: int = Field(0, description="metadata.generation the operator last reconciled.")
     router_endpoint: str | None = Field(None, description="URL of the router's OpenAI-compatible API.")
+    autoscaling: AutoscalingStatus | None = Field(
+        None, description="The autoscaling planner's decisions, for the roles that have autoscaling."
+    )

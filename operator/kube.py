@@ -27,6 +27,9 @@ PLURALS: dict[str, str] = {
     "Role": "roles",
     "RoleBinding": "rolebindings",
     "Lease": "leases",
+    "PodDisruptionBudget": "poddisruptionbudgets",
+    "Pod": "pods",  # the autoscaler's scrape targets (read only)
+    "Event": "events",  # the autoscaler's decisions
     KIND: PLURAL,
 }
 

@@ -32,7 +32,8 @@ MAX_CLUSTER_NAME_LENGTH = 50
 Component = Literal["prefill", "decode", "router", "redis", "config"]
 NodeRole = Literal["prefill", "decode"]
 NODE_ROLES: tuple[NodeRole, ...] = ("prefill", "decode")
-SERVING_ROLES: tuple[Literal["prefill", "decode", "router"], ...] = ("prefill", "decode", "router")
+ServingRole = Literal["prefill", "decode", "router"]
+SERVING_ROLES: tuple[ServingRole, ...] = ("prefill", "decode", "router")
 
 
 @dataclass(frozen=True)

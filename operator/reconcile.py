@@ -21,6 +21,7 @@ from kvferry.operator.children import CHILD_KINDS, build_children
 from kvferry.operator.crd_model import InferenceClusterSpec
 from kvferry.operator.kube import Kube
 from kvferry.operator.naming import API_VERSION, CLUSTER_LABEL, KIND, SERVING_ROLES, ClusterRef
+from kvferry.operator.replica_counts import decided_counts
 from kvferry.operator.status import Problem, compute_status
 from kvferry.operator.validation import InvalidSpec, parse_spec
 
@@ -96,8 +97,15 @@ def write_status(
 
 
 def _unchanged(status: Mapping[str, Any], current: Mapping[str, Any]) -> bool:
-    # Skipping identical writes keeps the parent's resourceVersion (and kopf's watch) quiet.
-    return all(current.get(key) == value for key, value in status.items())
+    # Skipping identical writes keeps the parent's resourceVersion (and kopf's watch) quiet. A null in a
+    # merge patch means "absent", so nested nulls compare equal to missing keys.
+    return all(_without_nulls(current.get(key)) == _without_nulls(value) for key, value in status.items())
+
+
+def _without_nulls(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _without_nulls(item) for key, item in value.items() if item is not None}
+    return value
 
 
 def _status_computer(
@@ -136,7 +144,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any], settings: ReconcileSettings) 
             kube, ref, _status_computer(kube, ref, None, Problem("InvalidSpec", str(error)), generation)
         )
         return
-    children = build_children(ref, spec)
+    children = build_children(ref, spec, decided_counts(body.get("status")))
     problem = _apply_all(kube, children, settings)
     if problem is None:
         prune(kube, ref, children)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from kubernetes.client import Configuration
 
+from kvferry.operator.autoscaler import Autoscaler, autoscale_until
 from kvferry.operator.connection import load_configuration
 from kvferry.operator.handlers import build_registry
 from kvferry.operator.health import start_health_server
@@ -32,6 +33,7 @@ class OperatorConfig:
     identity: str
     pod_uid: str | None  # the operator's own pod, the Lease's owner (leader.py)
     resync_s: float
+    autoscale_s: float
     health_host: str
     health_port: int  # 0: no health endpoint
     reconcile: ReconcileSettings
@@ -62,6 +64,12 @@ async def _run_kopf(
                 return
 
     threading.Thread(target=forward_lost, name="lease-lost", daemon=True).start()
+    threading.Thread(
+        target=autoscale_until,
+        args=(Autoscaler(kube, config.namespaces, config.reconcile), config.autoscale_s, finished),
+        name="autoscaler",
+        daemon=True,
+    ).start()
     try:
         await kopf.operator(
             registry=registry,

@@ -15,6 +15,7 @@ from typing import Any
 from kvferry.operator.build_services import router_endpoint
 from kvferry.operator.crd_model import Condition, InferenceClusterSpec, InferenceClusterStatus, RoleStatus
 from kvferry.operator.naming import SERVING_ROLES, ClusterRef
+from kvferry.operator.replica_counts import decided_counts, desired_replicas, kept_decisions
 
 
 @dataclass(frozen=True)
@@ -148,7 +149,7 @@ def compute_status(
     now: datetime,
 ) -> dict[str, Any]:
     """deployments: by component (prefill, decode, router, and redis when managed); None when missing."""
-    desired = {role: getattr(spec, role).replicas for role in SERVING_ROLES} if spec else {}
+    desired: dict[str, int] = dict(desired_replicas(spec, decided_counts(previous))) if spec else {}
     if spec is not None and spec.redis.managed:
         desired["redis"] = 1
     rollouts = {
@@ -169,6 +170,7 @@ def compute_status(
         ),
         observed_generation=observed_generation,
         router_endpoint=endpoint,
+        autoscaling=kept_decisions(spec, previous) if spec else previous.get("autoscaling"),
         **{role: _role_status(rollouts[role]) for role in SERVING_ROLES},
     )
     return status.model_dump(by_alias=True, mode="json")

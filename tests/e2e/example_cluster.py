@@ -10,7 +10,7 @@ import yaml
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "inferencecluster.yaml"
 NAME = "smollm2"  # metadata.name in the example
 SELECTOR = f"kvferry.dev/cluster={NAME}"
-CHILD_KINDS = "deployments,services,configmaps,serviceaccounts,roles,rolebindings"
+CHILD_KINDS = "deployments,services,configmaps,serviceaccounts,roles,rolebindings,poddisruptionbudgets"
 EXPECTED_CHILDREN = {
     "Deployment": 4,
     "Service": 4,
@@ -18,6 +18,7 @@ EXPECTED_CHILDREN = {
     "ServiceAccount": 1,
     "Role": 1,
     "RoleBinding": 1,
+    "PodDisruptionBudget": 3,
 }
 
 

@@ -192,7 +192,7 @@ def test_delete_removes_every_child(cluster: Cluster, start_operator) -> None:
     start_operator()
     cluster.apply(EXAMPLE.read_text())
     cluster.wait_phase(NAME, "Ready")
-    assert sum(child_counts(cluster).values()) == 12
+    assert child_counts(cluster) == EXPECTED_CHILDREN
     cluster.kubectl("delete", "inferencecluster", NAME, "--wait=true", "--timeout=60s")
     # The controller-manager's garbage collector follows the owner references; the operator does nothing.
     cluster.wait(

@@ -13,7 +13,8 @@ def test_deleting_the_resource_and_uninstalling_leave_nothing(served: ServedClus
     served.kubectl("delete", "inferencecluster", CLUSTER, "--wait", "--timeout=300s")
     served.kube.helm("uninstall", RELEASE, f"--namespace={NAMESPACE}", "--wait", "--timeout=5m")
     wait_until("no pods", lambda: not served.items("pods"), 300, interval=2)
-    kinds = "services,configmaps,deployments,replicasets,serviceaccounts,roles,rolebindings,leases,inferenceclusters"
+    kinds = ("services,configmaps,deployments,replicasets,serviceaccounts,roles,rolebindings,leases,"
+             "poddisruptionbudgets,inferenceclusters")
     left = [f"{item['kind']}/{item['metadata']['name']}" for item in served.items(kinds)
             if (item["kind"], item["metadata"]["name"]) not in {("ConfigMap", "kube-root-ca.crt"),
                                                                 ("ServiceAccount", "default")}]

@@ -112,7 +112,7 @@ def start(pod: FakePod, monkeypatch: pytest.MonkeyPatch) -> NodeConfig | RouterC
 
 
 def started_pods(spec: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[tuple]]:
-    children = build_children(REF, parse_spec(spec))
+    children = build_children(REF, parse_spec(spec), {})
     config_maps = {c["metadata"]["name"]: c for c in children if c["kind"] == "ConfigMap"}
     pods: dict[str, list[tuple]] = {}
     for subnet, deployment in enumerate(c for c in children if c["kind"] == "Deployment"):
@@ -175,7 +175,7 @@ def test_gpu_nodes_get_gpus_and_the_token_and_the_router_its_keys(tmp_path: Path
 
 
 def write_cluster_config(tmp_path: Path, **changes: Any) -> Path:
-    [config_map] = [c for c in build_children(REF, parse_spec(EXAMPLE["spec"])) if c["kind"] == "ConfigMap"]
+    [config_map] = [c for c in build_children(REF, parse_spec(EXAMPLE["spec"]), {}) if c["kind"] == "ConfigMap"]
     document = json.loads(config_map["data"]["cluster.json"])
     for section, fields in changes.items():
         document[section] = {**document[section], **fields}

@@ -14,6 +14,7 @@ from kvferry.operator.build_services import build_node_service, build_router_ser
 from kvferry.operator.build_workloads import build_role_deployment
 from kvferry.operator.children import CHILD_KINDS, build_children
 from kvferry.operator.naming import ClusterRef
+from kvferry.operator.replica_counts import desired_replicas
 from kvferry.operator.validation import parse_spec
 
 REF = ClusterRef(name="demo", namespace="serving", uid="0000-1111")
@@ -43,7 +44,7 @@ def container(deployment: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_children_are_one_of_each_kind_in_dependency_order() -> None:
-    children = build_children(REF, spec())
+    children = build_children(REF, spec(), {})
     assert [(c["kind"], c["metadata"]["name"]) for c in children] == [
         ("ServiceAccount", "demo-router"),
         ("Role", "demo-router"),
@@ -52,6 +53,9 @@ def test_children_are_one_of_each_kind_in_dependency_order() -> None:
         ("Service", "demo-prefill"),
         ("Service", "demo-decode"),
         ("Service", "demo-router"),
+        ("PodDisruptionBudget", "demo-prefill"),
+        ("PodDisruptionBudget", "demo-decode"),
+        ("PodDisruptionBudget", "demo-router"),
         ("Deployment", "demo-prefill"),
         ("Deployment", "demo-decode"),
         ("Deployment", "demo-router"),
@@ -65,7 +69,7 @@ def test_children_are_one_of_each_kind_in_dependency_order() -> None:
 
 
 def test_managed_redis_adds_its_deployment_and_service() -> None:
-    names = [(c["kind"], c["metadata"]["name"]) for c in build_children(REF, spec(redis={"managed": True}))]
+    names = [(c["kind"], c["metadata"]["name"]) for c in build_children(REF, spec(redis={"managed": True}), {})]
     assert ("Deployment", "demo-redis") in names and ("Service", "demo-redis") in names
 
 
@@ -81,7 +85,7 @@ def test_prefill_deployment() -> None:
         },
         transfer={"ucxTransports": ["cuda_ipc", "rc"]},
     )
-    deployment = build_role_deployment(REF, s, "prefill", "abc123")
+    deployment = build_role_deployment(REF, s, "prefill", "abc123", desired_replicas(s, {})["prefill"])
     assert deployment["metadata"]["labels"] == {
         "app.kubernetes.io/name": "kvferry",
         "app.kubernetes.io/instance": "demo",
@@ -128,7 +132,7 @@ def test_prefill_deployment() -> None:
 
 def test_router_deployment_uses_its_service_account_and_api_key_secret() -> None:
     s = spec(authSecret={"name": "api-keys"}, router={"affinity": {"nodeAffinity": {"x": 1}}})
-    deployment = build_role_deployment(REF, s, "router", "h")
+    deployment = build_role_deployment(REF, s, "router", "h", 1)
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "demo-router"
     assert "automountServiceAccountToken" not in pod
@@ -151,14 +155,14 @@ def test_every_role_gets_the_cluster_token_from_its_secret_by_env() -> None:
         "valueFrom": {"secretKeyRef": {"name": "demo-internal", "key": "cluster-token"}},
     }
     for role in ("prefill", "decode", "router"):
-        c = container(build_role_deployment(REF, s, role, "h"))
+        c = container(build_role_deployment(REF, s, role, "h", 1))
         env = {var["name"]: var for var in c["env"]}
         assert env["KVFERRY_CLUSTER_TOKEN"] == expected, role
         # In the environment from the Secret only: never in argv, the ConfigMap or a literal value.
         assert not any("token" in arg for arg in c["args"]), role
-    router_env = {var["name"] for var in container(build_role_deployment(REF, s, "router", "h"))["env"]}
+    router_env = {var["name"] for var in container(build_role_deployment(REF, s, "router", "h", 1))["env"]}
     assert "KVFERRY_API_KEY" in router_env  # the API key still goes to the router alone
-    node_env = {var["name"] for var in container(build_role_deployment(REF, s, "decode", "h"))["env"]}
+    node_env = {var["name"] for var in container(build_role_deployment(REF, s, "decode", "h", 1))["env"]}
     assert "KVFERRY_API_KEY" not in node_env
     config = build_config_map(REF, s)["data"]["cluster.json"]
     assert "demo-internal" not in config and "cluster-token" not in config
@@ -166,10 +170,10 @@ def test_every_role_gets_the_cluster_token_from_its_secret_by_env() -> None:
 
 def test_cluster_token_key_can_be_chosen_and_is_absent_without_a_secret() -> None:
     keyed = spec(clusterTokenSecret={"name": "shared", "key": "internal"})
-    env = {var["name"]: var for var in container(build_role_deployment(REF, keyed, "prefill", "h"))["env"]}
+    env = {var["name"]: var for var in container(build_role_deployment(REF, keyed, "prefill", "h", 1))["env"]}
     assert env["KVFERRY_CLUSTER_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "shared", "key": "internal"}
     for role in ("prefill", "decode", "router"):
-        names = {var["name"] for var in container(build_role_deployment(REF, spec(), role, "h"))["env"]}
+        names = {var["name"] for var in container(build_role_deployment(REF, spec(), role, "h", 1))["env"]}
         assert "KVFERRY_CLUSTER_TOKEN" not in names, role
 
 
@@ -177,23 +181,23 @@ def test_a_users_env_var_overrides_the_cluster_token_by_name() -> None:
     # The user's variables win by name (as for POD_IP); one entry, so server-side apply accepts the list.
     own = {"name": "KVFERRY_CLUSTER_TOKEN", "valueFrom": {"secretKeyRef": {"name": "mine", "key": "t"}}}
     s = spec(clusterTokenSecret={"name": "demo-internal"}, decode={"env": [own]})
-    env = container(build_role_deployment(REF, s, "decode", "h"))["env"]
+    env = container(build_role_deployment(REF, s, "decode", "h", 1))["env"]
     assert [var for var in env if var["name"] == "KVFERRY_CLUSTER_TOKEN"] == [own]
 
 
 def test_a_gpu_request_alone_becomes_the_limit_kubernetes_requires() -> None:
     s = spec(decode={"resources": {"requests": {"nvidia.com/gpu": 2, "cpu": "250m"}, "limits": {"memory": "8Gi"}}})
-    assert container(build_role_deployment(REF, s, "decode", "h"))["resources"] == {
+    assert container(build_role_deployment(REF, s, "decode", "h", 1))["resources"] == {
         "requests": {"nvidia.com/gpu": 2, "cpu": "250m"},
         "limits": {"nvidia.com/gpu": 2, "memory": "8Gi"},
     }
     cpu_only = spec(decode={"resources": {"requests": {"cpu": "250m"}}})
-    assert container(build_role_deployment(REF, cpu_only, "decode", "h"))["resources"] == {"requests": {"cpu": "250m"}}
+    assert container(build_role_deployment(REF, cpu_only, "decode", "h", 1))["resources"] == {"requests": {"cpu": "250m"}}
 
 
 def test_image_path_source_mounts_no_model_volume() -> None:
     s = parse_spec({"model": {"source": "/opt/models/tiny", "servedName": "tiny"}})
-    pod = build_role_deployment(REF, s, "decode", "h")["spec"]["template"]["spec"]
+    pod = build_role_deployment(REF, s, "decode", "h", 1)["spec"]["template"]["spec"]
     assert "model" not in {v["name"] for v in pod["volumes"]}
 
 
@@ -289,3 +293,22 @@ def test_managed_redis_runs_from_the_clusters_image_by_default() -> None:
     # Where no registry is reachable, the image the nodes run is the one image there is.
     s = spec(image="localhost/kvferry:0.1.0", redis={"managed": True})
     assert container(build_redis_deployment(REF, s))["image"] == "localhost/kvferry:0.1.0"
+
+
+@pytest.mark.parametrize(("decided", "expected"), [({}, 2), ({"decode": 4}, 4), ({"decode": 9}, 5), ({"decode": 1}, 2)])
+def test_an_autoscaled_deployment_runs_the_planners_count_within_the_bounds(decided, expected) -> None:
+    s = spec(decode={"replicas": 1, "autoscaling": {"minReplicas": 2, "maxReplicas": 5, "itlP90Seconds": 0.05}},
+             prefill={"replicas": 3})
+    deployments = {c["metadata"]["name"]: c for c in build_children(REF, s, decided) if c["kind"] == "Deployment"}
+    assert deployments["demo-decode"]["spec"]["replicas"] == expected
+    assert deployments["demo-prefill"]["spec"]["replicas"] == 3  # no autoscaling: the spec's count
+
+
+def test_every_serving_role_has_a_disruption_budget_of_one_pod() -> None:
+    budgets = {c["metadata"]["name"]: c["spec"] for c in build_children(REF, spec(), {})
+               if c["kind"] == "PodDisruptionBudget"}
+    assert budgets == {
+        f"demo-{role}": {"maxUnavailable": 1,
+                         "selector": {"matchLabels": {"kvferry.dev/cluster": "demo", "kvferry.dev/role": role}}}
+        for role in ("prefill", "decode", "router")
+    }

@@ -152,4 +152,5 @@ def test_status_schema_has_conditions_keyed_by_type() -> None:
         "router",
         "observedGeneration",
         "routerEndpoint",
+        "autoscaling",
     }

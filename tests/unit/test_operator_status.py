@@ -170,3 +170,34 @@ def test_transition_time_moves_only_when_the_status_changes() -> None:
         "Progressing": "2025-01-01T12:05:00Z",
         "Degraded": "2025-01-01T12:00:00Z",
     }
+
+
+DECODE_AUTOSCALED = {"replicas": 1, "autoscaling": {"minReplicas": 2, "maxReplicas": 5, "itlP90Seconds": 0.05}}
+
+
+def _decision(replicas: int) -> dict[str, Any]:
+    return {"replicas": replicas, "recommended": replicas, "reason": "scale up 2 -> 4: test"}
+
+
+def test_an_autoscaled_role_wants_the_planners_count_and_keeps_its_decision() -> None:
+    previous = {"autoscaling": {"decode": _decision(4)}}
+    status = status_of({"prefill": deployment(1, 1), "decode": deployment(2, 2), "router": deployment(1, 1)},
+                       spec(decode=DECODE_AUTOSCALED), previous=previous)
+    assert status["decode"]["desired"] == 4
+    assert status["phase"] == "Progressing"
+    assert status["autoscaling"]["decode"]["replicas"] == 4  # a reconcile's status does not erase it
+
+
+def test_before_any_decision_an_autoscaled_role_starts_within_its_bounds() -> None:
+    status = status_of({"prefill": deployment(1, 1), "decode": deployment(1, 1), "router": deployment(1, 1)},
+                       spec(decode=DECODE_AUTOSCALED))
+    assert status["decode"]["desired"] == 2  # replicas 1 is below minReplicas 2
+    assert status["autoscaling"] is None
+
+
+def test_removing_autoscaling_drops_its_decision_and_the_spec_count_rules() -> None:
+    previous = {"autoscaling": {"decode": _decision(4)}}
+    status = status_of({"prefill": deployment(1, 1), "decode": deployment(4, 4), "router": deployment(1, 1)},
+                       spec(decode={"replicas": 1}), previous=previous)
+    assert status["decode"]["desired"] == 1
+    assert status["autoscaling"] is None

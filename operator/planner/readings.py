@@ -1,0 +1,116 @@
+"""The planner's observations from Prometheus text: the routers' and the nodes' /metrics, scraped at the
+start and the end of an interval, turned into each role's load, latency p90 and KV usage over it.
+
+Latencies come from the routers' histograms (what clients see: TTFT for prefill, the gap between tokens
+for decode), summed over every router replica and differenced over the interval, the p90 read as
+Prometheus' histogram_quantile reads it (linear within the bucket). Prefill's load is the prompt tokens
+the prefill nodes had to compute per second (routed minus those the prefix index said were cached);
+decode's, the requests its nodes are running at the end of the interval.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvferry.operator.planner.plan import Observation
+
+TTFT = "kvferry:time_to_first_token_seconds"
+TOKEN_GAP = "kvferry:inter_token_latency_seconds"
+PROMPT_TOKENS = "kvferry:prompt_tokens"
+PREFIX_HIT_TOKENS = "kvferry:prefix_hit_tokens"
+RUNNING = "kvferry:num_requests_running"
+KV_USAGE = "kvferry:kv_cache_usage_perc"
+QUANTILE = 0.9
+
+Buckets = dict[float, float]  # upper bound -> cumulative count
+
+
+@dataclass(frozen=True)
+class RouterTotals:
+    """Every router replica's counters, added up, at one moment."""
+
+    ttft: Buckets = field(default_factory=dict)
+    token_gap: Buckets = field(default_factory=dict)
+    prompt_tokens: float = 0.0
+    prefix_hit_tokens: float = 0.0
+
+    @classmethod
+    def of(cls, scrapes: Iterable[str]) -> RouterTotals:
+        ttft: Buckets = {}
+        gap: Buckets = {}
+        prompt = hits = 0.0
+        for text in scrapes:
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == f"{TTFT}_bucket":
+                        _add(ttft, sample.labels["le"], sample.value)
+                    elif sample.name == f"{TOKEN_GAP}_bucket":
+                        _add(gap, sample.labels["le"], sample.value)
+                    elif sample.name == f"{PROMPT_TOKENS}_total":
+                        prompt += sample.value
+                    elif sample.name == f"{PREFIX_HIT_TOKENS}_total":
+                        hits += sample.value
+        return cls(ttft, gap, prompt, hits)
+
+
+@dataclass(frozen=True)
+class NodeGauges:
+    """One serving role's nodes at one moment."""
+
+    replicas: int
+    running: float  # requests in the running batches, summed
+    kv_usage: float | None  # mean over the nodes
+
+    @classmethod
+    def of(cls, scrapes: list[str]) -> NodeGauges:
+        running, usages = 0.0, []
+        for text in scrapes:
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == RUNNING:
+                        running += sample.value
+                    elif sample.name == KV_USAGE:
+                        usages.append(sample.value)
+        return cls(len(scrapes), running, sum(usages) / len(usages) if usages else None)
+
+
+def _add(buckets: Buckets, bound: str, count: float) -> None:
+    key = float(bound)
+    buckets[key] = buckets.get(key, 0.0) + count
+
+
+def quantile(before: Buckets, after: Buckets, q: float = QUANTILE) -> float | None:
+    """The q-quantile of what was observed between two readings of a cumulative histogram; None when
+    nothing was. Linear within the bucket it falls in, as histogram_quantile; in the +Inf bucket, that
+    bucket's lower bound (the largest finite one), as histogram_quantile too."""
+    bounds = sorted(after)
+    counts = [after[bound] - before.get(bound, 0.0) for bound in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    rank = q * counts[-1]
+    lower, below = 0.0, 0.0
+    for bound, count in zip(bounds, counts, strict=True):
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            inside = count - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1.0)
+        lower, below = bound, count
+    return lower
+
+
+def prefill_observation(at_s: float, seconds: float, before: RouterTotals, after: RouterTotals,
+                        prefill: NodeGauges) -> Observation:
+    computed = (after.prompt_tokens - after.prefix_hit_tokens) - (before.prompt_tokens - before.prefix_hit_tokens)
+    return Observation(at_s=at_s, replicas=prefill.replicas, load=max(0.0, computed) / seconds,
+                       latency_p90_s=quantile(before.ttft, after.ttft))
+
+
+def decode_observation(at_s: float, before: RouterTotals, after: RouterTotals, decode: NodeGauges) -> Observation:
+    return Observation(at_s=at_s, replicas=decode.replicas, load=decode.running,
+                       latency_p90_s=quantile(before.token_gap, after.token_gap), kv_usage=decode.kv_usage)
+

@@ -1,0 +1,72 @@
+"""The planner's readings from the text the routers' and nodes' own metric objects expose (RouterMetrics,
+NodeMetrics): p90s as histogram_quantile gives them, over an interval, summed over router replicas."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import generate_latest
+
+from kvferry.node.metrics import NodeMetrics
+from kvferry.operator.planner.readings import (
+    NodeGauges,
+    RouterTotals,
+    decode_observation,
+    prefill_observation,
+    quantile,
+)
+from kvferry.router.metrics import RouterMetrics
+
+
+def _text(metrics: RouterMetrics) -> str:
+    return metrics.exposition().decode()
+
+
+def test_quantile_is_linear_within_its_bucket():
+    before = {0.5: 0.0, 1.0: 0.0, float("inf"): 0.0}
+    after = {0.5: 50.0, 1.0: 100.0, float("inf"): 100.0}
+    # 90 of 100: 40 into the 50 between 0.5 and 1.0
+    assert quantile(before, after) == pytest.approx(0.5 + 0.5 * 40 / 50)
+
+
+def test_quantile_counts_only_the_interval():
+    before = {0.5: 1000.0, 1.0: 1000.0, float("inf"): 1000.0}  # a long, fast past
+    after = {0.5: 1000.0, 1.0: 1010.0, float("inf"): 1010.0}  # this interval: 10 slow ones
+    assert quantile(before, after) == pytest.approx(0.5 + 0.5 * 9 / 10)
+
+
+def test_quantile_of_nothing_is_none_and_past_the_last_bound_is_that_bound():
+    assert quantile({0.5: 3.0, float("inf"): 3.0}, {0.5: 3.0, float("inf"): 3.0}) is None
+    assert quantile({}, {0.5: 0.0, 1.0: 0.0, float("inf"): 10.0}) == 1.0
+
+
+def test_prefill_reading_sums_routers_and_takes_the_interval_difference():
+    routers = [RouterMetrics(), RouterMetrics()]
+    routers[0].prefix(1000, 200)  # before the interval
+    before = RouterTotals.of(_text(r) for r in routers)
+    for seconds in [0.3] * 5 + [0.9] * 5:
+        routers[0].ttft.observe(seconds)
+        routers[1].ttft.observe(seconds)
+    routers[0].prefix(600, 100)
+    routers[1].prefix(900, 400)
+    after = RouterTotals.of(_text(r) for r in routers)
+    seen = prefill_observation(60.0, 10.0, before, after, NodeGauges(2, 0.0, None))
+    assert seen.load == pytest.approx((600 - 100 + 900 - 400) / 10.0)  # computed prompt tokens per second
+    # 20 observations, 10 in (0.25, 0.5] and 10 in (0.75, 1.0]: rank 18 is 8 into the upper bucket
+    assert seen.latency_p90_s == pytest.approx(0.75 + 0.25 * 8 / 10)
+    assert (seen.replicas, seen.at_s) == (2, 60.0)
+
+
+def test_decode_reading_takes_running_streams_and_mean_kv_usage_from_the_nodes():
+    nodes = [NodeMetrics("decode", "decode-0"), NodeMetrics("decode", "decode-1")]
+    nodes[0].running.set(12)
+    nodes[0].kv_usage.set(0.5)
+    nodes[1].running.set(8)
+    nodes[1].kv_usage.set(0.3)
+    gauges = NodeGauges.of([generate_latest(n.registry).decode() for n in nodes])
+    router = RouterMetrics()
+    before = RouterTotals.of([_text(router)])
+    router.itl.observe_many([0.02] * 95 + [0.2] * 5)
+    seen = decode_observation(30.0, before, RouterTotals.of([_text(router)]), gauges)
+    assert (seen.replicas, seen.load) == (2, 20.0)
+    assert seen.kv_usage == pytest.approx(0.4)
+    assert 0.015 < seen.latency_p90_s <= 0.02  # the gaps' 90th is one of the 0.02 ones, in (0.015, 0.02]
