@@ -1,15 +1,20 @@
 """Decode throughput with a JSON-schema constraint against without: kvferry's engine at 1 and 64 requests.
 
-One engine (the `small` random-weight llama checkpoint, float32, on the CPU), in one process, the same
-prompts, greedy, EOS ignored, every request generating exactly max_tokens tokens on both sides; the
+One engine (by default the trained model, SmolLM2-135M-Instruct with its 49,152-token vocabulary, which
+sets the mask's width; `--model small` for the random-weight llama checkpoint; float32, on the CPU), in one
+process, the same prompts, greedy, EOS ignored, every request generating exactly max_tokens tokens on both sides; the
 constrained side holds each request to a JSON schema (engine/grammar.py: xgrammar's mask in the sampler)
 whose shortest valid output is far longer than max_tokens, so the grammar never ends one early. Concurrency
 1: the requests one after the other; concurrency 64: all submitted together. The two sides alternate
-round by round (ABBA); each side's median over the rounds. Throughput counts output tokens: `tok_s` over
+round by round (ABBA); each side's median over the rounds, and the ratio of each round's pair, whose median
+is the headline (a shared machine's speed drifts by more than the effect between rounds, much less within
+one). Throughput counts output tokens: `tok_s` over
 the whole run (prefill included), `decode_tok_s` over the steps after every request's first token (the
 decode steps only). Prefix caching is off, so every run prefills alike. The grammar's one-time costs
 (loading xgrammar, the tokenizer's preprocessing, a cold compile of the schema) are measured apart, and
-kept out of the timed runs by a warm-up.
+kept out of the timed runs by a warm-up. One more constrained run per concurrency, under cProfile, says
+what share of the engine's time the grammar's own calls take (the sampler's mask, the matchers' moves), a
+figure that the machine's drift does not touch.
 
     .venv/bin/python -m benchmarks.structured_throughput          # -> benchmarks/results/structured_throughput.json
     .venv/bin/python -m benchmarks.structured_throughput --quick  # a smoke run: concurrency 1 and 8, 8 tokens
@@ -18,15 +23,20 @@ kept out of the timed runs by a warm-up.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import itertools
 import json
 import os
+import pstats
 import random
 import statistics
 import sys
 import time
 from functools import partial
+from pathlib import Path
 from typing import Any
+
+import torch
 
 from benchmarks.harness.cli import benchmark_parser, output_dir
 from benchmarks.harness.environment import cached_model, environment
@@ -35,6 +45,8 @@ from benchmarks.harness.side_by_side import side_by_side, with_ratios
 from benchmarks.harness.table import print_table
 from kvferry.engine import LLM, SamplingParams
 from kvferry.engine.grammar import GrammarCompiler
+from kvferry.engine.grammar_backends import LLGuidance, XGrammar, uses_llguidance
+from kvferry.engine.model_source import default_model
 from kvferry.engine.sampling_params import Grammar
 
 UNCONSTRAINED, CONSTRAINED = "unconstrained", "json_schema"
@@ -62,6 +74,11 @@ SCHEMA = {
 }
 GRAMMAR = Grammar(kind="json_schema", spec=json.dumps(SCHEMA))
 _request_ids = itertools.count()
+TRAINED = "trained"
+# The grammar's own calls, per step: the sampler's mask (which fills every constrained row's bitmask) and
+# the matchers' moves after each token. (file name ending, function name) as cProfile names them.
+GRAMMAR_CALLS = {("engine/grammar.py", "mask_disallowed"), ("xgrammar/matcher.py", "accept_token"),
+                 ("xgrammar/matcher.py", "is_terminated")}
 
 
 def make_prompts(count: int, length: int, vocab: int, seed: int = 0) -> list[dict[str, list[int]]]:
@@ -133,6 +150,54 @@ def check_json_prefix(checker: GrammarCompiler, token_ids: list[int], text: str)
         raise AssertionError(f"constrained output is not an open prefix of the schema's JSON: {text!r}")
 
 
+def grammar_share(llm: LLM, prompts: list[dict[str, list[int]]], concurrency: int, max_tokens: int) -> dict[str, float]:
+    """One constrained run under cProfile: the seconds in the grammar's calls over the seconds of the run."""
+    profile = cProfile.Profile()
+    profile.enable()
+    run_side(llm, prompts, CONSTRAINED, concurrency, max_tokens)
+    profile.disable()
+    stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    total = sum(entry[2] for entry in stats.values())  # every function's own time: the whole run
+    in_grammar = sum(entry[3] for (file, _, name), entry in stats.items()
+                     if any(file.endswith(end) and name == function for end, function in GRAMMAR_CALLS))
+    return {"grammar_s": round(in_grammar, 3), "profiled_s": round(total, 2),
+            "grammar_share_pct": round(100 * in_grammar / total, 2)}
+
+
+def library_mask_costs(llm: LLM, prompts: list[dict[str, list[int]]], max_tokens: int) -> dict[str, dict[str, float]]:
+    """Why the schema is llguidance's (engine/grammar_backends.py): constrained outputs replayed through a
+    matcher of each library, the time to fill the bitmask before each token (ms: mean, p90, max)."""
+    engine = llm.engine
+    args = (engine.tokenizer.tokenizer, engine.model_config.vocab_size, engine.generation_defaults.eos_token_ids)
+    outputs = llm.generate(prompts[:4], sampling_params(CONSTRAINED, max_tokens))
+    bitmask = torch.full((1, (args[1] + 31) // 32), -1, dtype=torch.int32)
+    costs = {}
+    for library in (XGrammar(*args), LLGuidance(*args)):
+        seconds = []
+        for output in outputs:
+            matcher = library.matcher(GRAMMAR)
+            for token in output.outputs[0].token_ids:
+                started = time.perf_counter()
+                matcher.fill(bitmask, 0)
+                seconds.append(time.perf_counter() - started)
+                if not matcher.accept_token(token):
+                    raise AssertionError(f"{type(library).__name__} refuses a token the engine's mask allowed")
+        seconds.sort()
+        costs[type(library).__name__] = {"mean_ms": round(1e3 * statistics.fmean(seconds), 3),
+                                         "p90_ms": round(1e3 * seconds[int(0.9 * len(seconds))], 3),
+                                         "max_ms": round(1e3 * seconds[-1], 3)}
+    return costs
+
+
+def paired_ratios(runs: dict[str, list[dict[str, float]]], metric: str) -> list[float]:
+    """Each round's constrained run over the same round's unconstrained run (they ran back to back)."""
+    return [round(b[metric] / a[metric], 3) for a, b in zip(runs[UNCONSTRAINED], runs[CONSTRAINED], strict=True)]
+
+
+def load_model(name: str) -> Path:
+    return default_model() if name == TRAINED else cached_model("llama", name)
+
+
 def grammar_costs(llm: LLM) -> tuple[dict[str, float], GrammarCompiler]:
     """What the first request with a grammar pays once per engine, and once per new schema: loading
     xgrammar (and the transformers it brings), the tokenizer's preprocessing, a cold compile. Measured on a
@@ -161,12 +226,13 @@ def grammar_costs(llm: LLM) -> tuple[dict[str, float], GrammarCompiler]:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = benchmark_parser(__doc__, "structured_throughput")
     parser.add_argument("--quick", action="store_true", help="concurrency 1 and 8, 8 tokens, one round")
-    parser.add_argument("--size", default="small")
+    parser.add_argument("--model", default=TRAINED,
+                        help=f"'{TRAINED}' (SmolLM2-135M-Instruct, the default model) or a make-model size (small)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
-    parser.add_argument("--max-tokens", type=int, default=128, help="output tokens of every request, both sides")
+    parser.add_argument("--max-tokens", type=int, default=64, help="output tokens of every request, both sides")
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--sequential", type=int, default=4, help="requests, one after the other, at concurrency 1")
-    parser.add_argument("--rounds", type=int, default=4, help="runs of each side per concurrency (ABBA order)")
+    parser.add_argument("--rounds", type=int, default=6, help="runs of each side per concurrency (ABBA order)")
     args = parser.parse_args(argv)
     if args.quick:
         args.concurrency, args.max_tokens, args.sequential, args.rounds = [1, 8], 8, 2, 1
@@ -178,13 +244,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     load_at_start = os.getloadavg()
-    model_dir = cached_model("llama", args.size)
+    model_dir = load_model(args.model)
     llm = LLM(model_dir, dtype="float32", max_model_len=1024, max_num_seqs=max(64, *args.concurrency),
               max_num_batched_tokens=2048, enable_prefix_caching=False)
     vocab = llm.engine.model_config.vocab_size
     costs, checker = grammar_costs(llm)
     print(f"grammar, once: {costs}", flush=True)
-    rows = []
+    rows, per_concurrency = [], {}
     for concurrency in args.concurrency:
         count = args.sequential if concurrency == 1 else concurrency
         prompts = make_prompts(count, args.prompt_len, vocab, seed=concurrency)
@@ -205,32 +271,37 @@ def main(argv: list[str] | None = None) -> int:
                 "decode_tok_cpu_s": round(statistics.median(r["decode_tok_cpu_s"] for r in runs), 2),
                 "decode_tok_s_runs": [round(r["decode_tok_s"], 2) for r in runs],
             })
+        pairs = paired_ratios(measured, "decode_tok_s")
+        per_concurrency[str(concurrency)] = {
+            "decode_ratio_per_round": pairs,
+            "decode_ratio_p50": statistics.median(pairs),
+            "decode_slowdown_pct": round(100 * (1 - statistics.median(pairs)), 1),
+            **grammar_share(llm, prompts, concurrency, args.max_tokens),
+        }
         print_table(rows[-2:], ["variant", "concurrency", "requests", "output_tokens", "tok_s", "decode_tok_s",
                                 "decode_tok_cpu_s", "decode_tok_s_runs"])
-        sys.stdout.flush()
+        print(f"concurrency {concurrency}: {per_concurrency[str(concurrency)]}", flush=True)
+    mask_costs = library_mask_costs(llm, make_prompts(4, args.prompt_len, vocab, seed=7), args.max_tokens)
+    print(f"mask fill per token, by library, on this schema: {mask_costs}")
     rows = with_ratios(rows, UNCONSTRAINED, ["tok_s", "decode_tok_s", "decode_tok_cpu_s"], group_by=["concurrency"])
-    slowdown = {
-        str(row["concurrency"]): {
-            "throughput_ratio": row["tok_s_vs_baseline"],
-            "decode_throughput_ratio": row["decode_tok_s_vs_baseline"],
-            "decode_per_cpu_s_ratio": row["decode_tok_cpu_s_vs_baseline"],
-            "decode_slowdown_pct": round(100 * (1 - row["decode_tok_s_vs_baseline"]), 1),
-        }
-        for row in rows if row["variant"] == CONSTRAINED
-    }
     print()
     print_table(rows, ["variant", "concurrency", "tok_s", "decode_tok_s", "decode_tok_cpu_s", "tok_s_vs_baseline",
                        "decode_tok_s_vs_baseline", "decode_tok_cpu_s_vs_baseline"])
-    print(f"constrained / unconstrained, per concurrency: {slowdown}")
+    print(f"constrained / unconstrained, per concurrency: {per_concurrency}")
     load = {"start": list(load_at_start), "end": list(os.getloadavg())}
     result = new_result(
         "structured_throughput",
-        {**params_of(args), "model": f"llama-{args.size} (random weights, float32)", "vocab": vocab, "schema": SCHEMA},
+        {**params_of(args), "model_dir": model_dir.name, "vocab": vocab, "schema": SCHEMA},
         rows,
         baseline=UNCONSTRAINED,
-        summary={"constrained_vs_unconstrained": slowdown, "grammar_once": costs, "target": "decode slowdown < 5% at 64"},
+        summary={"constrained_vs_unconstrained": per_concurrency,
+                 "library": "llguidance" if uses_llguidance(GRAMMAR) else "xgrammar",
+                 "mask_fill_per_token_by_library": mask_costs, "grammar_once": costs, "target": "decode slowdown < 5% at 64"},
         notes=[
-            "ratios: constrained throughput over unconstrained, same concurrency; medians over the rounds",
+            "rows' ratios: the constrained side's median over the rounds against the unconstrained side's; the "
+            "summary's decode_ratio_p50: the median of each round's constrained/unconstrained pair (the headline)",
+            "grammar_share_pct: one more constrained run under cProfile, the time inside the sampler's mask and the "
+            "matchers' accept_token/is_terminated over the whole run's",
             "decode_tok_cpu_s: decode tokens per second of this process's CPU time (all threads), which other jobs "
             "on the machine stretch less than wall time",
             "the grammar's one-time costs are outside the timed runs (a warm-up compiled the schema in the engine)",

@@ -1,22 +1,23 @@
 """Structured outputs: a sequence's tokens held to a grammar (a JSON schema, any JSON object, a regex, one
-of a list of strings) by a token mask in the sampler, from xgrammar (chosen by measurement:
-benchmarks/grammar_libraries.py, docs/benchmarks.md).
+of a list of strings) by a token mask in the sampler, from xgrammar, or llguidance for the JSON schemas it
+is much faster on (engine/grammar_backends.py says which and why, with the measurements).
 
-Each engine compiles a grammar once (xgrammar caches compiled grammars by their text) and gives each
-sequence a matcher: before a step the matcher fills the sequence's row of a bitmask of allowed tokens, the
-sampler sets every other logit to -inf, and the sampled token moves the matcher on. The grammar allows an
-end token only where the output is complete; a matcher that accepted one has terminated, and so has its
-sequence. xgrammar (and the transformers it brings) loads on the first request that has a grammar.
+Each engine compiles a grammar once (both libraries keep what they compiled) and gives each sequence a
+matcher: before a step every constrained row of one bitmask of allowed tokens is filled by its matcher,
+the sampler sets every other logit to -inf, and the sampled token moves the matcher on. The grammar allows
+an end token only where the output is complete; a matcher that accepted one has terminated, and so has its
+sequence. A library (and the transformers it brings) loads on the first request that needs it.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 import torch
 
+from kvferry.engine.grammar_backends import GrammarMatcher, LLGuidance, XGrammar, uses_llguidance
 from kvferry.engine.sampling_params import Grammar
 
 if TYPE_CHECKING:
@@ -28,34 +29,20 @@ if TYPE_CHECKING:
 class GrammarCompiler:
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, end_token_ids: Iterable[int]) -> None:
         """`vocab_size`: the logits' width (the model's vocabulary, which may pad the tokenizer's)."""
-        import xgrammar
-        from transformers import PreTrainedTokenizerFast
+        self._tokenizer, self._vocab_size, self._end_token_ids = tokenizer, vocab_size, tuple(end_token_ids)
 
-        self._xgrammar = xgrammar
-        info = xgrammar.TokenizerInfo.from_huggingface(PreTrainedTokenizerFast(tokenizer_object=tokenizer),
-                                                       vocab_size=vocab_size, stop_token_ids=sorted(end_token_ids))
-        # One thread: the engine's own step runs beside it, and on few cores xgrammar's threads only wait.
-        self._compiler = xgrammar.GrammarCompiler(info, max_threads=1)
+    def matcher(self, grammar: Grammar) -> GrammarMatcher:
+        """A new sequence's matcher. Raises ValueError naming what does not compile."""
+        library = self._llguidance if uses_llguidance(grammar) else self._xgrammar
+        return library.matcher(grammar)
 
-    def matcher(self, grammar: Grammar) -> Any:
-        """A new sequence's matcher (an xgrammar GrammarMatcher). Raises ValueError naming what does not compile."""
-        return self._xgrammar.GrammarMatcher(self._compile(grammar))
+    @cached_property
+    def _xgrammar(self) -> XGrammar:
+        return XGrammar(self._tokenizer, self._vocab_size, self._end_token_ids)
 
-    def _compile(self, grammar: Grammar) -> Any:
-        compiler = self._compiler
-        try:
-            if grammar.kind in ("json_schema", "json_object"):
-                # json_object is OpenAI's "any JSON object" (xgrammar's built-in JSON grammar takes any value).
-                # Compact JSON (no free whitespace): a small model offered free whitespace can spend its whole
-                # budget on newlines.
-                schema = grammar.spec if grammar.kind == "json_schema" else '{"type": "object"}'
-                return compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=True)
-            if grammar.kind == "regex":
-                return compiler.compile_regex(grammar.spec)
-            choices = " | ".join(json.dumps(choice) for choice in grammar.choices())
-            return compiler.compile_grammar(f"root ::= {choices}")
-        except (RuntimeError, ValueError) as exc:  # xgrammar raises both for what it cannot compile
-            raise ValueError(f"the {grammar.kind} grammar does not compile: {exc}") from None
+    @cached_property
+    def _llguidance(self) -> LLGuidance:
+        return LLGuidance(self._tokenizer, self._vocab_size, self._end_token_ids)
 
 
 def mask_disallowed(logits: torch.Tensor, seqs: list[Sequence]) -> None:
@@ -63,9 +50,9 @@ def mask_disallowed(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     import xgrammar
 
     rows = [row for row, seq in enumerate(seqs) if seq.grammar is not None]
-    bitmask = xgrammar.allocate_token_bitmask(len(rows), logits.shape[1])
-    for index, row in enumerate(rows):
-        seqs[row].grammar.fill_next_token_bitmask(bitmask, index)
-    masked = logits[rows]
-    xgrammar.apply_token_bitmask_inplace(masked, bitmask.to(logits.device, non_blocking=True))
-    logits[rows] = masked
+    bitmask = xgrammar.allocate_token_bitmask(len(seqs), logits.shape[1])
+    for row in rows:
+        seqs[row].grammar.fill(bitmask, row)
+    # In place on the constrained rows: gathering them out and writing them back copied the whole batch's
+    # logits twice a step (a 64 x 49,152 gather took 20 ms on two cores).
+    xgrammar.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), indices=rows)

@@ -12,6 +12,7 @@ import pytest
 from pydantic import BaseModel, Field
 
 from kvferry.engine import SamplingParams
+from kvferry.engine.grammar_backends import uses_llguidance
 from kvferry.engine.sampling_params import Grammar
 
 PROMPT = {"prompt_token_ids": list(range(5, 45))}
@@ -25,6 +26,17 @@ class Reading(BaseModel):
 
 
 READING = Grammar("json_schema", json.dumps(Reading.model_json_schema()))
+
+
+class Label(BaseModel):
+    """Length-bounded free strings: the schemas llguidance holds (engine/grammar_backends.py)."""
+
+    name: str = Field(min_length=1, max_length=8)
+    note: str = Field(max_length=5)
+    count: int = Field(ge=0, le=9)
+
+
+LABEL = Grammar("json_schema", json.dumps(Label.model_json_schema()))
 
 
 @pytest.fixture(scope="module")
@@ -74,6 +86,34 @@ def test_grammar_rows_and_free_rows_share_a_batch(llm):
     Reading.model_validate_json(batch[1].outputs[0].text)
 
 
+def test_which_library_holds_a_schema():
+    assert uses_llguidance(LABEL)
+    assert not uses_llguidance(READING)  # bounded arrays and numbers, enums: xgrammar's
+    patterned = {"type": "object", "properties": {"id": {"type": "string", "maxLength": 4, "pattern": "^[a-z]+$"}}}
+    assert not uses_llguidance(Grammar("json_schema", json.dumps(patterned)))  # a pattern bounds the characters
+    nested = {"type": "array", "items": {"anyOf": [{"type": "string", "minLength": 2}, {"type": "null"}]}}
+    assert uses_llguidance(Grammar("json_schema", json.dumps(nested)))
+    assert not uses_llguidance(Grammar("regex", "[a-z]{1,5}"))
+
+
+def test_a_length_bounded_schema_holds_in_a_batch_with_the_other_library_and_free_rows(llm):
+    free = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    alone = _completions(llm, free)[0].token_ids
+    label = SamplingParams(temperature=0, max_tokens=120, grammar=LABEL)
+    label_alone = _completions(llm, label)[0]
+    sampled = SamplingParams(n=3, temperature=1.0, seed=5, max_tokens=120, grammar=LABEL)
+    batch = llm.generate([PROMPT] * 4, [free, label, SamplingParams(temperature=0, max_tokens=120, grammar=READING),
+                                        sampled])
+    assert batch[0].outputs[0].token_ids == alone
+    assert batch[1].outputs[0].text == label_alone.text  # a batch does not change a greedy constrained row
+    Reading.model_validate_json(batch[2].outputs[0].text)
+    for completion in [label_alone, *batch[3].outputs]:
+        assert completion.finish_reason == "stop", completion
+        parsed = Label.model_validate_json(completion.text)
+        # compact JSON with the same separators as xgrammar's: whichever library, one output form
+        assert completion.text == json.dumps(parsed.model_dump()), completion.text
+
+
 def test_a_resumed_sequence_continues_its_grammar(llm):
     """A stream migrated after k tokens: its matcher takes the k tokens again and the rest is what the
     undisturbed run wrote."""
@@ -90,6 +130,9 @@ def test_a_resumed_sequence_continues_its_grammar(llm):
 def test_what_does_not_compile_is_refused_by_name(llm):
     with pytest.raises(ValueError, match="json_schema grammar does not compile"):
         llm.generate(PROMPT, SamplingParams(max_tokens=4, grammar=Grammar("json_schema", '{"type": "no-such-type"}')))
+    bounded_but_broken = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}, "b": {"type": "x"}}}
+    with pytest.raises(ValueError, match="json_schema grammar does not compile"):  # llguidance's refusal
+        llm.generate(PROMPT, SamplingParams(max_tokens=4, grammar=Grammar("json_schema", json.dumps(bounded_but_broken))))
     with pytest.raises(ValueError, match="choice grammar's spec is a JSON list"):
         SamplingParams(grammar=Grammar("choice", '"yes"'))
     with pytest.raises(ValueError, match="not JSON"):
