@@ -77,8 +77,8 @@ _request_ids = itertools.count()
 TRAINED = "trained"
 # The grammar's own calls, per step: the sampler's mask (which fills every constrained row's bitmask) and
 # the matchers' moves after each token. (file name ending, function name) as cProfile names them.
-GRAMMAR_CALLS = {("engine/grammar.py", "mask_disallowed"), ("xgrammar/matcher.py", "accept_token"),
-                 ("xgrammar/matcher.py", "is_terminated")}
+GRAMMAR_CALLS = {("engine/grammar.py", "mask_disallowed"), ("engine/grammar_backends.py", "accept_token"),
+                 ("engine/grammar_backends.py", "is_terminated")}
 
 
 def make_prompts(count: int, length: int, vocab: int, seed: int = 0) -> list[dict[str, list[int]]]:

@@ -13,7 +13,8 @@ libraries write the same bitmask layout (32 tokens per int32 word), so one bitma
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from functools import cache
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -28,6 +29,17 @@ class GrammarMatcher(Protocol):
     def fill(self, bitmask: torch.Tensor, row: int) -> None: ...
     def accept_token(self, token: int) -> bool: ...
     def is_terminated(self) -> bool: ...
+
+
+def fill_bitmask(bitmask: torch.Tensor, matchers: Sequence[GrammarMatcher]) -> None:
+    """Row i of the bitmask from matchers[i]: llguidance's rows in one call that spreads them over its
+    threads (the engine's step waits on the mask, so the cores are free), xgrammar's one by one."""
+    llguidance_rows = [(matcher, row) for row, matcher in enumerate(matchers) if isinstance(matcher, _LLGuidanceMatcher)]
+    if llguidance_rows:
+        _LLGuidanceMatcher.fill_rows(bitmask, llguidance_rows)
+    for row, matcher in enumerate(matchers):
+        if not isinstance(matcher, _LLGuidanceMatcher):
+            matcher.fill(bitmask, row)
 
 
 class XGrammar:
@@ -114,11 +126,25 @@ class _LLGuidanceMatcher:
     def fill(self, bitmask: torch.Tensor, row: int) -> None:
         self._fill(self._inner, bitmask, row)
 
+    @staticmethod
+    def fill_rows(bitmask: torch.Tensor, rows: list[tuple[_LLGuidanceMatcher, int]]) -> None:
+        import llguidance.torch
+
+        llguidance.torch.fill_next_token_bitmask_par(_executor(), [(m._inner, row) for m, row in rows], bitmask)
+
     def accept_token(self, token: int) -> bool:
         return self._inner.consume_token(token)
 
     def is_terminated(self) -> bool:
         return self._inner.is_stopped()
+
+
+@cache
+def _executor() -> Any:
+    """llguidance's thread pool, as wide as torch's (its default takes 80% of the cores: one of two)."""
+    import llguidance
+
+    return llguidance.LLExecutor(num_threads=torch.get_num_threads())
 
 
 def _closed(schema: Any) -> Any:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 from typing import Literal
 
 import pytest
+import torch
 from pydantic import BaseModel, Field
 
 from kvferry.engine import SamplingParams
+from kvferry.engine.grammar import GrammarCompiler, mask_disallowed
 from kvferry.engine.grammar_backends import uses_llguidance
 from kvferry.engine.sampling_params import Grammar
 
@@ -84,6 +87,33 @@ def test_grammar_rows_and_free_rows_share_a_batch(llm):
     batch = llm.generate([PROMPT, PROMPT], [free, SamplingParams(temperature=0, max_tokens=120, grammar=READING)])
     assert batch[0].outputs[0].token_ids == alone  # the mask touches its own row only
     Reading.model_validate_json(batch[1].outputs[0].text)
+
+
+def test_the_mask_forbids_what_each_rows_matcher_forbids_and_nothing_else(llm):
+    """mask_disallowed's batched fill and byte-wise bias against each matcher's own row, unpacked bit by bit."""
+    engine = llm.engine
+    vocab = engine.model_config.vocab_size
+    compiler = GrammarCompiler(engine.tokenizer.tokenizer, vocab, engine.generation_defaults.eos_token_ids)
+    matchers = [None, compiler.matcher(LABEL), compiler.matcher(READING), None, compiler.matcher(LABEL)]
+    moved = matchers[4]  # one matcher a token further on, so that its row differs from row 1's
+    own = torch.full((1, (vocab + 31) // 32), -1, dtype=torch.int32)
+    moved.fill(own, 0)
+    assert moved.accept_token(int(_allowed(own, vocab).nonzero()[0]))
+    logits = torch.randn(len(matchers), vocab)
+    masked = logits.clone()
+    mask_disallowed(masked, [SimpleNamespace(grammar=matcher) for matcher in matchers])
+    for row, matcher in enumerate(matchers):
+        if matcher is None:
+            assert torch.equal(masked[row], logits[row])
+            continue
+        matcher.fill(own, 0)
+        allowed = _allowed(own, vocab)
+        assert 0 < int(allowed.sum()) < vocab
+        assert torch.equal(masked[row], logits[row].where(allowed, float("-inf"))), row
+
+
+def _allowed(bitmask_row: torch.Tensor, vocab: int) -> torch.Tensor:
+    return ((bitmask_row[0].unsqueeze(1) >> torch.arange(32)) & 1).flatten()[:vocab].bool()
 
 
 def test_which_library_holds_a_schema():
