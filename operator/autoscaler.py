@@ -117,7 +117,9 @@ class Autoscaler:
             seen = (prefill_observation(now, now - last.at_s, last.totals, totals, gauges) if role == "prefill"
                     else decode_observation(now, last.totals, totals, gauges))
             # the count in force is the truth (a spec's bounds may have moved it since the last decision)
-            state = replace(memory.states.get(role) or PlannerState.fresh(counts[role], now), replicas=counts[role])
+            count = counts[role]
+            assert count is not None  # autoscaling excludes scaleExternally (crd_model.AutoscaledRoleSpec)
+            state = replace(memory.states.get(role) or PlannerState.fresh(count, now), replicas=count)
             decisions[role] = plan(scaling.policy(), state, seen)
             memory.states[role] = decisions[role].state
             logger.info("autoscaling %s/%s %s: %s", ref.namespace, ref.name, role, decisions[role].reason)
@@ -127,7 +129,7 @@ class Autoscaler:
         pods = self._kube.list("v1", "Pod", ref.namespace, f"{CLUSTER_LABEL}={ref.name},{ROLE_LABEL}={role}")
         return [f"http://{pod['status']['podIP']}:{NODE_PORT}/metrics" for pod in pods if _serving(pod)]
 
-    def _record(self, ref: ClusterRef, body: Mapping[str, Any], counts: Mapping[str, int],
+    def _record(self, ref: ClusterRef, body: Mapping[str, Any], counts: Mapping[str, int | None],
                 decisions: Mapping[str, Decision]) -> None:
         stamp = datetime.now(UTC).isoformat().replace("+00:00", "Z")
         previous = recorded_decisions(body.get("status")).model_dump(by_alias=True, mode="json")

@@ -128,9 +128,10 @@ def role_spec_of(spec: InferenceClusterSpec, role: ServingRole) -> RoleSpec:
 
 
 def build_role_deployment(
-    ref: ClusterRef, spec: InferenceClusterSpec, role: ServingRole, config_hash: str, replicas: int
+    ref: ClusterRef, spec: InferenceClusterSpec, role: ServingRole, config_hash: str, replicas: int | None
 ) -> dict[str, Any]:
-    """`replicas`: the role's count (replica_counts.py: the spec's, or the autoscaling planner's)."""
+    """`replicas`: the role's count (replica_counts.py: the spec's, or the autoscaling planner's); None
+    leaves it out, so that server-side apply neither sets nor resets what another controller scaled."""
     role_spec = role_spec_of(spec, role)
     volumes, mounts = _volumes(spec, role, ref)
     container = {
@@ -163,7 +164,7 @@ def build_role_deployment(
         "kind": "Deployment",
         "metadata": child_metadata(ref, role),
         "spec": {
-            "replicas": replicas,
+            **({} if replicas is None else {"replicas": replicas}),
             "selector": {"matchLabels": selector_labels(ref, role)},
             "template": {
                 "metadata": {

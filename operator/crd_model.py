@@ -113,6 +113,12 @@ class Toleration(KubeModel):
 
 class RoleSpec(KubeModel):
     replicas: int = Field(1, ge=0, le=MAX_REPLICAS, description="Number of pods of this role.")
+    scale_externally: bool = Field(
+        False,
+        description="Leave this role's pod count to another controller (an HPA or KEDA scaling the role's "
+        "Deployment through its /scale subresource): the operator leaves the Deployment's replicas out of what "
+        "it applies, so it neither sets nor resets them, and replicas is not used.",
+    )
     resources: ResourceRequirements = nested(
         ResourceRequirements, "CPU, memory and accelerator requests and limits per pod."
     )
@@ -199,15 +205,37 @@ class DecodeAutoscaling(Autoscaling):
 
 
 AUTOSCALED = "With autoscaling, the planner sets the count between its bounds (replicas is the start)."
+ONE_SCALER = "autoscaling and scaleExternally both set the pod count: choose one"
 
 
-class PrefillSpec(RoleSpec):
+class AutoscaledRoleSpec(RoleSpec):
+    """A role the operator's planner can scale: its count has one owner, the planner or another controller."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": "!(has(self.autoscaling) && has(self.scaleExternally) && self.scaleExternally)",
+                 "message": ONE_SCALER}
+            ]
+        }
+    )
+
+    autoscaling: Autoscaling | None = None  # each role's own kind of it, below
+
+    @model_validator(mode="after")
+    def _one_scaler(self) -> AutoscaledRoleSpec:
+        if self.autoscaling is not None and self.scale_externally:
+            raise ValueError(ONE_SCALER)
+        return self
+
+
+class PrefillSpec(AutoscaledRoleSpec):
     autoscaling: PrefillAutoscaling | None = Field(
         None, description=f"Scale prefill pods to a TTFT target. {AUTOSCALED}"
     )
 
 
-class DecodeSpec(RoleSpec):
+class DecodeSpec(AutoscaledRoleSpec):
     autoscaling: DecodeAutoscaling | None = Field(
         None, description=f"Scale decode pods to inter-token latency and KV usage targets. {AUTOSCALED}"
     )

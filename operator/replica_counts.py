@@ -41,12 +41,16 @@ def kept_decisions(spec: InferenceClusterSpec, status: Mapping[str, Any] | None)
     return kept if kept.prefill is not None or kept.decode is not None else None
 
 
-def desired_replicas(spec: InferenceClusterSpec, decided: Mapping[str, int]) -> dict[ServingRole, int]:
-    counts: dict[ServingRole, int] = {"prefill": spec.prefill.replicas, "decode": spec.decode.replicas,
-                                      "router": spec.router.replicas}
-    for role in ("prefill", "decode"):
+def desired_replicas(spec: InferenceClusterSpec, decided: Mapping[str, int]) -> dict[ServingRole, int | None]:
+    """None for a role that scales externally (`scaleExternally`): its Deployment's own count stands."""
+    counts: dict[ServingRole, int | None] = {}
+    for role, role_spec in (("prefill", spec.prefill), ("decode", spec.decode), ("router", spec.router)):
         scaling = autoscaling_of(spec, role)
-        if scaling is not None:
-            count = decided.get(role, counts[role])
+        if role_spec.scale_externally:
+            counts[role] = None
+        elif scaling is not None:
+            count = decided.get(role, role_spec.replicas)
             counts[role] = min(scaling.max_replicas, max(scaling.min_replicas, count))
+        else:
+            counts[role] = role_spec.replicas
     return counts

@@ -1,5 +1,6 @@
 """The autoscaling loop (operator/autoscaler.py) on the real control plane: a decision becomes the status,
-an Event and the Deployment's count; a spec without autoscaling is left alone.
+an Event and the Deployment's count; a spec without autoscaling is left alone; a role scaled by another
+controller (scaleExternally) keeps the count that controller set.
 
 kwok's pods serve nothing, so the metrics the loop scrapes come from the routers' and nodes' own metric
 objects (RouterMetrics, NodeMetrics) in this process, handed to the loop by pod address (a stand-in for
@@ -131,3 +132,27 @@ def test_turning_autoscaling_off_gives_the_count_back_to_the_spec(cluster: Clust
     now[0] += INTERVAL_S
     autoscaler.run_once()  # nothing to scale any more: no decision comes back
     assert "autoscaling" not in cluster.status(NAME) and _decode_count(cluster) == 1
+
+
+def _count(cluster: Cluster, role: str) -> int:
+    return cluster.get("deployment", f"{NAME}-{role}")["spec"]["replicas"]
+
+
+def test_a_role_scaled_externally_keeps_the_count_another_controller_set(cluster: Cluster, start_operator) -> None:
+    """What an HPA or KEDA does, by hand: `kubectl scale` (the Deployment's /scale subresource). The operator's
+    reconciles keep the count of a role with scaleExternally and the status follows it; a role without it gets
+    the spec's count back."""
+    start_operator(QUIET_AUTOSCALER)
+    manifest = example()
+    manifest["spec"]["prefill"] = {**manifest["spec"]["prefill"], "replicas": 1, "scaleExternally": True}
+    cluster.apply(manifest)
+    cluster.wait_phase(NAME, "Ready")
+    spec_decode = _count(cluster, "decode")
+    kube = Kube(load_configuration(cluster.kube.kubeconfig))
+    for role in ("prefill", "decode"):
+        cluster.kubectl("scale", "deployment", f"{NAME}-{role}", f"--replicas={spec_decode + 2}")
+    reconcile(kube, cluster.get("inferencecluster", NAME), ReconcileSettings())
+    assert _count(cluster, "prefill") == spec_decode + 2
+    assert _count(cluster, "decode") == spec_decode
+    ready = cluster.wait_phase(NAME, "Ready")
+    assert ready["prefill"]["desired"] == ready["prefill"]["ready"] == spec_decode + 2

@@ -15,7 +15,7 @@ from kvferry.operator.build_workloads import build_role_deployment
 from kvferry.operator.children import CHILD_KINDS, build_children
 from kvferry.operator.naming import ClusterRef
 from kvferry.operator.replica_counts import desired_replicas
-from kvferry.operator.validation import parse_spec
+from kvferry.operator.validation import InvalidSpec, parse_spec
 
 REF = ClusterRef(name="demo", namespace="serving", uid="0000-1111")
 OWNER = {
@@ -302,6 +302,21 @@ def test_an_autoscaled_deployment_runs_the_planners_count_within_the_bounds(deci
     deployments = {c["metadata"]["name"]: c for c in build_children(REF, s, decided) if c["kind"] == "Deployment"}
     assert deployments["demo-decode"]["spec"]["replicas"] == expected
     assert deployments["demo-prefill"]["spec"]["replicas"] == 3  # no autoscaling: the spec's count
+
+
+def test_a_role_scaled_externally_leaves_the_count_to_its_deployment() -> None:
+    """Server-side apply without replicas: what an HPA set through /scale is neither owned nor reset."""
+    s = spec(prefill={"replicas": 3, "scaleExternally": True}, router={"replicas": 2, "scaleExternally": True})
+    deployments = {c["metadata"]["name"]: c["spec"] for c in build_children(REF, s, {}) if c["kind"] == "Deployment"}
+    assert "replicas" not in deployments["demo-prefill"] and "replicas" not in deployments["demo-router"]
+    assert deployments["demo-decode"]["replicas"] == 1
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_autoscaling_and_scaling_externally_exclude_each_other(role: str) -> None:
+    target = {"prefill": {"ttftP90Seconds": 1.0}, "decode": {"itlP90Seconds": 0.05}}[role]
+    with pytest.raises(InvalidSpec, match="autoscaling and scaleExternally both set the pod count"):
+        spec(**{role: {"scaleExternally": True, "autoscaling": {"maxReplicas": 4, **target}}})
 
 
 def test_every_serving_role_has_a_disruption_budget_of_one_pod() -> None:

@@ -113,6 +113,14 @@ def test_redis_url_and_managed_exclude_each_other_in_cel() -> None:
     ]
 
 
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_autoscaling_and_scaling_externally_exclude_each_other_in_cel(role: str) -> None:
+    assert spec_schema()["properties"][role]["x-kubernetes-validations"] == [
+        {"rule": "!(has(self.autoscaling) && has(self.scaleExternally) && self.scaleExternally)",
+         "message": "autoscaling and scaleExternally both set the pod count: choose one"}
+    ]
+
+
 def test_schema_defaults_equal_model_defaults() -> None:
     defaulted = apply_defaults(spec_schema(), MINIMAL_SPEC)
     assert defaulted["kvCache"] == {"blockSize": 16, "memoryFraction": 0.9, "dtype": "auto"}

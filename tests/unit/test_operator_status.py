@@ -201,3 +201,11 @@ def test_removing_autoscaling_drops_its_decision_and_the_spec_count_rules() -> N
                        spec(decode={"replicas": 1}), previous=previous)
     assert status["decode"]["desired"] == 1
     assert status["autoscaling"] is None
+
+
+def test_a_role_scaled_externally_wants_its_deployments_own_count() -> None:
+    """An HPA scaled decode to 3 through the Deployment's /scale: the status follows it, not replicas: 1."""
+    status = status_of({"prefill": deployment(1, 1), "decode": deployment(3, 3), "router": deployment(1, 1)},
+                       spec(decode={"replicas": 1, "scaleExternally": True}))
+    assert status["decode"]["desired"] == 3
+    assert status["phase"] == "Ready"
