@@ -110,8 +110,20 @@ def _volumes(spec: InferenceClusterSpec, role: ServingRole, ref: ClusterRef) -> 
     return volumes, mounts
 
 
-def _scheduling(role_spec: RoleSpec) -> dict[str, Any]:
-    scheduling: dict[str, Any] = {}
+def _spread(ref: ClusterRef, role: ServingRole) -> list[dict[str, Any]]:
+    """A role's pods over nodes, then zones, where the scheduler can (never left Pending for it): losing a
+    node or a zone takes few of them. pod-template-hash: a rollout's new pods spread among themselves."""
+    return [
+        {"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
+         "labelSelector": {"matchLabels": selector_labels(ref, role)}, "matchLabelKeys": ["pod-template-hash"]}
+        for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")
+    ]
+
+
+def _scheduling(ref: ClusterRef, role: ServingRole, role_spec: RoleSpec) -> dict[str, Any]:
+    chosen = role_spec.topology_spread_constraints
+    spread = _spread(ref, role) if chosen is None else list(chosen)
+    scheduling: dict[str, Any] = {"topologySpreadConstraints": spread} if spread else {}
     if role_spec.node_selector:
         scheduling["nodeSelector"] = dict(role_spec.node_selector)
     if role_spec.tolerations:
@@ -153,7 +165,7 @@ def build_role_deployment(
         "securityContext": pod_security_context(),
         "containers": [container],
         "volumes": volumes,
-        **_scheduling(role_spec),
+        **_scheduling(ref, role, role_spec),
     }
     if role == "router":
         pod_spec["serviceAccountName"] = router_service_account_name(ref)

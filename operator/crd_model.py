@@ -135,6 +135,12 @@ class RoleSpec(KubeModel):
         None,
         description="A Kubernetes Affinity (nodeAffinity, podAffinity, podAntiAffinity), passed to pods.",
     )
+    topology_spread_constraints: tuple[dict[str, Any], ...] | None = Field(
+        None,
+        description="Kubernetes TopologySpreadConstraints for the pods. Unset: the role's pods spread over "
+        "nodes and zones where they can (maxSkew 1, ScheduleAnyway), so one node's loss takes few of them; "
+        "[] turns spreading off.",
+    )
 
     @field_validator("env")
     @classmethod

@@ -319,6 +319,21 @@ def test_autoscaling_and_scaling_externally_exclude_each_other(role: str) -> Non
         spec(**{role: {"scaleExternally": True, "autoscaling": {"maxReplicas": 4, **target}}})
 
 
+def test_a_roles_pods_spread_over_nodes_and_zones_unless_the_spec_says_otherwise() -> None:
+    zone_only = [{"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule",
+                  "labelSelector": {"matchLabels": {"team": "a"}}}]
+    s = spec(decode={"topologySpreadConstraints": zone_only}, prefill={"topologySpreadConstraints": []})
+    pods = {c["metadata"]["name"]: c["spec"]["template"]["spec"] for c in build_children(REF, s, {})
+            if c["kind"] == "Deployment"}
+    router = pods["demo-router"]["topologySpreadConstraints"]
+    assert [(c["topologyKey"], c["maxSkew"], c["whenUnsatisfiable"]) for c in router] == [
+        ("kubernetes.io/hostname", 1, "ScheduleAnyway"), ("topology.kubernetes.io/zone", 1, "ScheduleAnyway")]
+    assert all(c["labelSelector"] == {"matchLabels": {"kvferry.dev/cluster": "demo", "kvferry.dev/role": "router"}}
+               for c in router)
+    assert pods["demo-decode"]["topologySpreadConstraints"] == zone_only
+    assert "topologySpreadConstraints" not in pods["demo-prefill"]
+
+
 def test_every_serving_role_has_a_disruption_budget_of_one_pod() -> None:
     budgets = {c["metadata"]["name"]: c["spec"] for c in build_children(REF, spec(), {})
                if c["kind"] == "PodDisruptionBudget"}
