@@ -56,8 +56,13 @@ def _downward_env() -> dict[str, dict[str, Any]]:
     return {name: {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}} for name, path in fields.items()}
 
 
-def _args(role: ServingRole) -> list[str]:
-    args = [role, "--config", CONFIG_PATH, "--host", "0.0.0.0", "--port", str(NODE_PORT)]
+PRE_STOP_SECONDS = 3
+CLOSE_SECONDS = 10
+
+
+def _args(role: ServingRole, role_spec: RoleSpec) -> list[str]:
+    args = [role, "--config", CONFIG_PATH, "--host", "0.0.0.0", "--port", str(NODE_PORT),
+            "--shutdown-grace", str(role_spec.drain_seconds)]
     if role != "router":
         args += ["--name", f"$({POD_NAME_ENV})", "--advertise-host", f"$({POD_IP_ENV})"]
     return args
@@ -151,7 +156,7 @@ def build_role_deployment(
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["kvferry"],
-        "args": _args(role),
+        "args": _args(role, role_spec),
         "ports": [{"name": "http", "containerPort": NODE_PORT, "protocol": "TCP"}],
         "env": _container_env(spec, role, role_spec),
         "resources": _resources(role_spec),
@@ -160,8 +165,13 @@ def build_role_deployment(
         "readinessProbe": _READINESS_PROBE,
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
+        # Deleted, a pod at once stops being an endpoint (routers' discovery, kube-proxy), but those lag a
+        # little: it keeps taking what reaches it until SIGTERM comes after this sleep.
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
     }
     pod_spec: dict[str, Any] = {
+        # The preStop sleep, the drain (--shutdown-grace), then the process's own close (engine, transfers).
+        "terminationGracePeriodSeconds": PRE_STOP_SECONDS + role_spec.drain_seconds + CLOSE_SECONDS,
         "securityContext": pod_security_context(),
         "containers": [container],
         "volumes": volumes,

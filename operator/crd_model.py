@@ -135,6 +135,15 @@ class RoleSpec(KubeModel):
         None,
         description="A Kubernetes Affinity (nodeAffinity, podAffinity, podAntiAffinity), passed to pods.",
     )
+    drain_seconds: int = Field(
+        30,
+        ge=0,
+        le=3600,
+        description="A pod told to stop (deleted, scaled down, evicted by a drain, replaced by a rollout) leaves "
+        "the routers' choice at once, then finishes its requests for up to this long before what is left is cut "
+        "(a decode stream cut so is resumed on another decode pod). Sets the pod's "
+        "terminationGracePeriodSeconds.",
+    )
     topology_spread_constraints: tuple[dict[str, Any], ...] | None = Field(
         None,
         description="Kubernetes TopologySpreadConstraints for the pods. Unset: the role's pods spread over "

@@ -96,6 +96,8 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--reasoning-parser", choices=("auto", "think", "none"), default=None,
                         help="split <think> blocks into reasoning_content (default auto: where the chat template writes them)")
     parser.add_argument("--chat-template", default=None, help="a Jinja chat template file, instead of the model's own")
+    parser.add_argument("--shutdown-grace", type=float, default=3.0,
+                        help="seconds requests in flight may go on after SIGTERM before they are cut (default 3)")
 
 
 def _selector(text: str | None) -> dict[str, str] | None:
@@ -146,8 +148,8 @@ def _serve_router(args: argparse.Namespace) -> int:
         raise SystemExit(f"kvferry router: bad configuration: {exc}") from None
     # uvloop and httptools: the router relays every token of every stream, and the pure-Python event loop
     # and HTTP writer were most of its CPU time per token (docs/router.md, overhead).
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=3,
-                loop="uvloop", http="httptools")
+    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning",
+                timeout_graceful_shutdown=args.shutdown_grace, loop="uvloop", http="httptools")
     return 0
 
 

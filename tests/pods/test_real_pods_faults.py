@@ -107,8 +107,8 @@ def _recovered(served: ServedCluster, count: int, gone: dict[str, Any] | None = 
 
 
 def test_a_deleted_decode_pod_fails_no_stream_while_another_serves(served, expected, migrations) -> None:
-    """SIGTERM: the decode pod takes no new request, and the streams it has either end within its graceful
-    shutdown (3 s) or are cut then and migrated by the router."""
+    """Deleted, the decode pod leaves the router's choice, and after its preStop sleep and SIGTERM the streams
+    it has end within its drain (drainSeconds, 30 s) or are cut then and migrated by the router."""
     victim: dict[str, Any] = {}
 
     def delete() -> None:

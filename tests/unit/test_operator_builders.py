@@ -334,6 +334,19 @@ def test_a_roles_pods_spread_over_nodes_and_zones_unless_the_spec_says_otherwise
     assert "topologySpreadConstraints" not in pods["demo-prefill"]
 
 
+def test_a_pod_told_to_stop_drains_for_the_specs_seconds() -> None:
+    """preStop's sleep, then --shutdown-grace for the requests in flight, inside the termination grace."""
+    s = spec(decode={"drainSeconds": 120})
+    deployments = {c["metadata"]["name"]: c for c in build_children(REF, s, {}) if c["kind"] == "Deployment"}
+    for role, drain in (("decode", 120), ("prefill", 30), ("router", 30)):
+        pod = deployments[f"demo-{role}"]["spec"]["template"]["spec"]
+        c = container(deployments[f"demo-{role}"])
+        args = c["args"]
+        assert args[args.index("--shutdown-grace") + 1] == str(drain)
+        pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+        assert 0 < pre_stop and pod["terminationGracePeriodSeconds"] > pre_stop + drain
+
+
 def test_every_serving_role_has_a_disruption_budget_of_one_pod() -> None:
     budgets = {c["metadata"]["name"]: c["spec"] for c in build_children(REF, spec(), {})
                if c["kind"] == "PodDisruptionBudget"}
