@@ -130,7 +130,8 @@ def sample_async(logits: torch.Tensor, seqs: list[Sequence]) -> PendingSample:
     wants_logprobs = [s.params.logprobs for s in seqs]
     raw_logprobs = logits.log_softmax(dim=-1) if any(w is not None for w in wants_logprobs) else None
     if any(s.params.needs_penalties or not s.may_end or s.grammar is not None for s in seqs):
-        logits = logits.clone()
+        # In place: the logits are this step's own (a new tensor, or a CUDA graph's output that the next replay
+        # rewrites) and their log-probabilities are taken above; a copy cost 3 ms a step at 64 x 49,152 on the CPU.
         apply_penalties(logits, seqs)
         hold_back_ends(logits, seqs)
         if any(s.grammar is not None for s in seqs):
