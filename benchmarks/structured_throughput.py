@@ -3,15 +3,16 @@
 One engine (by default the trained model, SmolLM2-135M-Instruct with its 49,152-token vocabulary, which
 sets the mask's width; `--model small` for the random-weight llama checkpoint; float32, on the CPU), in one
 process, the same prompts, greedy, EOS ignored, every request generating exactly max_tokens tokens on both sides; the
-constrained side holds each request to a JSON schema (engine/grammar.py: xgrammar's mask in the sampler)
-whose shortest valid output is far longer than max_tokens, so the grammar never ends one early. Concurrency
+constrained side holds each request to a JSON schema (engine/grammar.py: the mask in the sampler, here
+llguidance's, since the schema has a length-bounded string) whose shortest valid output is far longer than max_tokens, so the grammar never ends one early. Concurrency
 1: the requests one after the other; concurrency 64: all submitted together. The two sides alternate
 round by round (ABBA); each side's median over the rounds, and the ratio of each round's pair, whose median
 is the headline (a shared machine's speed drifts by more than the effect between rounds, much less within
 one). Throughput counts output tokens: `tok_s` over
 the whole run (prefill included), `decode_tok_s` over the steps after every request's first token (the
 decode steps only). Prefix caching is off, so every run prefills alike. The grammar's one-time costs
-(loading xgrammar, the tokenizer's preprocessing, a cold compile of the schema) are measured apart, and
+(loading the libraries, a cold compile of the schema, which for llguidance includes preparing the
+tokenizer, and a new matcher) are measured apart, and
 kept out of the timed runs by a warm-up. One more constrained run per concurrency, under cProfile, says
 what share of the engine's time the grammar's own calls take (the sampler's mask, the matchers' moves), a
 figure that the machine's drift does not touch.
@@ -200,8 +201,10 @@ def load_model(name: str) -> Path:
 
 def grammar_costs(llm: LLM) -> tuple[dict[str, float], GrammarCompiler]:
     """What the first request with a grammar pays once per engine, and once per new schema: loading
-    xgrammar (and the transformers it brings), the tokenizer's preprocessing, a cold compile. Measured on a
-    compiler of its own, the engine's settings (one thread), before the engine has loaded any of it."""
+    xgrammar (and the transformers it brings), then a cold compile, which includes building the schema's
+    library's tokenizer data (GrammarCompiler builds each library on its first grammar, so tokenizer_prep_s
+    is only the compiler's construction). Measured on a compiler of its own, before the engine has loaded
+    any of it."""
     started = time.perf_counter()
     import transformers  # noqa: F401
     import xgrammar  # noqa: F401
