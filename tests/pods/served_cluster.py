@@ -9,6 +9,7 @@ test_real_pods_faults.py (the fault matrix, ending with one), test_real_pods_tea
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -18,6 +19,7 @@ import yaml
 from cluster.waiting import wait_until
 from e2e.kube_cluster import Cluster
 from pods.real_node import REPO, PodsNode
+from pods.serving_loop import Outcomes, ServingLoop
 from support.disaggregated_cluster import idle
 
 CHART = REPO / "charts" / "kvferry"
@@ -31,6 +33,7 @@ NODE_PORT = 8000  # the nodes' and the router's container port (the operator's p
 READY_S = 900
 # A node settles what a lost peer left within a lease (5 s) and a transfer timeout (2 s); a busy machine adds.
 IDLE_S = 60
+WORKERS = 4  # concurrent streams under load: enough that two decode pods both decode
 
 
 @dataclass
@@ -66,11 +69,41 @@ class ServedCluster(Cluster):
 
         return wait_until(describe, reached, READY_S, interval=2)
 
-    def scale_decode(self, replicas: int) -> None:
-        """`spec.decode.replicas`, then wait until exactly that many decode pods are ready."""
-        self.patch_spec(CLUSTER, {"decode": {"replicas": replicas}})
-        self.wait_ready(decode=replicas)
-        wait_until(f"{replicas} decode pods ready", lambda: len(self.ready_pods("decode")) == replicas, 120)
+    def scale(self, role: str, replicas: int) -> None:
+        """`spec.<role>.replicas`, then wait until exactly that many of its pods are ready."""
+        self.patch_spec(CLUSTER, {role: {"replicas": replicas}})
+        self.wait_scaled(role, replicas)
+
+    def wait_scaled(self, role: str, replicas: int) -> None:
+        """The cluster Ready with exactly `replicas` ready pods of the role (none of them being deleted)."""
+        def reached() -> bool:
+            status = self.status(CLUSTER)
+            return (status.get("phase") == "Ready" and status.get(role, {}).get("ready") == replicas
+                    and len(self.ready_pods(role)) == replicas)
+
+        wait_until(lambda: f"{replicas} {role} pods ready; status {self.status(CLUSTER)}", reached, READY_S, interval=2)
+
+    def under_load(self, expected: dict[str, str], what: str, disrupt: Callable[[], None],
+                   recovered: Callable[[], object], workers: int = WORKERS) -> Outcomes:
+        """Streams from `workers` clients (serving_loop.py); `disrupt()` once they answer; then `recovered()`
+        (it waits, or fails) and eight answers after it. Every node pod idle at the end."""
+        with ServingLoop(self.router, SERVED_NAME, expected, workers=workers, max_requests=2000,
+                         max_seconds=READY_S) as loop:
+            wait_until(lambda: f"answers before {what}: {loop.snapshot().described()}",
+                       lambda: loop.snapshot().answered >= workers, 180)
+            disrupt()
+            recovered()
+            answered = loop.snapshot().answered
+            wait_until(lambda: f"answers after {what}: {loop.snapshot().described()}",
+                       lambda: loop.snapshot().answered >= answered + 8, 300)
+        outcomes = loop.stop()
+        print(f"{what}: {outcomes}")
+        self.wait_idle()
+        return outcomes
+
+    def described(self, outcomes: Outcomes) -> str:
+        """For a failed promise: the outcomes, and the router's log and the warning events."""
+        return f"{outcomes.described()}\n{self.diagnosis()}"
 
     def metric(self, pod: dict[str, Any], name: str, **labels: str) -> float:
         """The sum of a metric's samples on one pod, read from its /metrics over the pod network: those whose

@@ -1,5 +1,5 @@
 """The product's main path on real pods: `helm install`, `kubectl apply -f examples/inferencecluster.yaml`,
-and serving through the router's Service while decode is scaled and the operator rolls.
+and serving through the router's Service while prefill and decode are scaled under load and the operator rolls.
 
 The tests run in file order on the tier's one cluster (served_cluster.py): each leaves it as the next
 expects it; the last leaves two decode pods for test_real_pods_faults.py.
@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import openai
 from cluster.waiting import wait_until
-from pods.served_cluster import CHART, NAMESPACE, RELEASE, SERVED_NAME, ServedCluster
+from pods.served_cluster import CHART, CLUSTER, NAMESPACE, RELEASE, SERVED_NAME, ServedCluster
 from pods.serving_loop import ServingLoop, undisturbed_texts
 from support.real_model import RealModel
 
@@ -78,8 +78,24 @@ def test_kv_blocks_cross_from_the_prefill_pod_to_the_decode_pod(served: ServedCl
     assert served.metric(decode, "kvferry:local_prefills_total") == local  # no fallback to local prefill
 
 
-def test_decode_scaled_to_two_pods_both_serve(served: ServedCluster) -> None:
-    served.scale_decode(2)
+def test_prefill_scaled_out_and_in_under_load_fails_no_request(served: ServedCluster) -> None:
+    """1 -> 2 -> 1 while clients stream: the new pod joins when Ready, the removed one leaves the router's
+    choice at once and finishes its prefills and transfers within its drain; nothing fails or is refused."""
+    expected = undisturbed_texts(served.router, SERVED_NAME)
+    for count in (2, 1):
+        outcomes = served.under_load(expected, f"prefill scaled to {count}",
+                                     lambda count=count: served.patch_spec(CLUSTER, {"prefill": {"replicas": count}}),
+                                     lambda count=count: served.wait_scaled("prefill", count))
+        assert (outcomes.failed, outcomes.refused) == ([], []), served.described(outcomes)
+
+
+def test_decode_scaled_out_under_load_fails_no_stream_and_both_pods_serve(served: ServedCluster) -> None:
+    """1 -> 2 (test_real_pods_faults.py scales it back in, under load too)."""
+    expected = undisturbed_texts(served.router, SERVED_NAME)
+    outcomes = served.under_load(expected, "decode scaled 1 -> 2",
+                                 lambda: served.patch_spec(CLUSTER, {"decode": {"replicas": 2}}),
+                                 lambda: served.wait_scaled("decode", 2))
+    assert (outcomes.failed, outcomes.refused) == ([], []), served.described(outcomes)
     pods = served.ready_pods("decode")
     before = {pod["metadata"]["name"]: served.metric(pod, "kvferry:kv_received_bytes_total") for pod in pods}
 

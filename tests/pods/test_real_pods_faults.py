@@ -1,6 +1,6 @@
 """The fault matrix on real pods (docs/reliability.md, rows 16.x): a decode pod deleted, drained with
 `kubectl drain`, OOM-killed; Redis's pod restarted; the network between the prefill pod and a decode pod cut;
-then the only decode pod deleted.
+then decode scaled in to one pod, and that only decode pod deleted.
 
 Each test runs a bounded loop of streaming clients through the router's Service (serving_loop.py: every
 stream must give its undisturbed greedy text, every token once) while it disturbs one pod, waits for the
@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 from cluster.waiting import wait_until
-from pods.served_cluster import READY_S, SERVED_NAME, ServedCluster
-from pods.serving_loop import Outcomes, ServingLoop, undisturbed_texts
+from pods.served_cluster import CLUSTER, READY_S, SERVED_NAME, ServedCluster
+from pods.serving_loop import undisturbed_texts
 
-WORKERS = 4  # concurrent streams: enough that both decode pods decode while the fault strikes
 MIGRATIONS = "kvferry:router_migrations_total"
 TRANSFER_FAILURES = "kvferry:kv_transfer_failures_total"
 LOCAL_PREFILLS = "kvferry:local_prefills_total"
@@ -48,7 +47,7 @@ time.sleep(60)
 
 @pytest.fixture(scope="module")
 def expected(served: ServedCluster) -> dict[str, str]:
-    served.scale_decode(2)  # as test_real_pods.py leaves it; set here too, so the module runs alone
+    served.scale("decode", 2)  # as test_real_pods.py leaves it; set here too, so the module runs alone
     return undisturbed_texts(served.router, SERVED_NAME)
 
 
@@ -67,29 +66,6 @@ def _decoding_pod(served: ServedCluster) -> dict[str, Any]:
         return next((pod for pod in pods if served.stats(pod)["running"] >= 1), None) if len(pods) == 2 else None
 
     return wait_until("a decode pod decoding a stream", one, 120, interval=0.1)
-
-
-def _under_load(served: ServedCluster, expected: dict[str, str], what: str, disrupt: Callable[[], None],
-                recovered: Callable[[], object], workers: int = WORKERS) -> Outcomes:
-    """Streams from `workers` clients; `disrupt()` once they answer; then `recovered()` (it waits, or fails)
-    and eight answers after it. Every node pod idle at the end."""
-    with ServingLoop(served.router, SERVED_NAME, expected, workers=workers, max_requests=2000,
-                     max_seconds=READY_S) as loop:
-        wait_until(lambda: f"answers before {what}: {loop.snapshot().described()}",
-                   lambda: loop.snapshot().answered >= workers, 180)
-        disrupt()
-        recovered()
-        answered = loop.snapshot().answered
-        wait_until(lambda: f"answers after {what}: {loop.snapshot().described()}",
-                   lambda: loop.snapshot().answered >= answered + 8, 300)
-    outcomes = loop.stop()
-    print(f"{what}: {outcomes}")
-    served.wait_idle()
-    return outcomes
-
-
-def _described(served: ServedCluster, outcomes: Outcomes) -> str:
-    return f"{outcomes.described()}\n{served.diagnosis()}"
 
 
 def _recovered(served: ServedCluster, count: int, gone: dict[str, Any] | None = None,
@@ -115,10 +91,10 @@ def test_a_deleted_decode_pod_fails_no_stream_while_another_serves(served, expec
         victim.update(_decoding_pod(served))
         served.kubectl("delete", "pod", victim["metadata"]["name"], "--wait=false")
 
-    outcomes = _under_load(served, expected, "a decode pod deleted", delete,
+    outcomes = served.under_load(expected, "a decode pod deleted", delete,
                            _recovered(served, 2, gone=victim))
     print(f"streams migrated: {migrations():.0f}")
-    assert (outcomes.failed, outcomes.refused) == ([], []), _described(served, outcomes)
+    assert (outcomes.failed, outcomes.refused) == ([], []), served.described(outcomes)
 
 
 def test_a_drained_decode_pod_fails_no_stream(served, expected, migrations) -> None:
@@ -137,10 +113,10 @@ def test_a_drained_decode_pod_fails_no_stream(served, expected, migrations) -> N
         finally:
             served.kube.kubectl("uncordon", node)
 
-    outcomes = _under_load(served, expected, "a decode pod drained", drain,
+    outcomes = served.under_load(expected, "a decode pod drained", drain,
                            _recovered(served, 2, gone=victim))
     print(f"streams migrated: {migrations():.0f}")
-    assert (outcomes.failed, outcomes.refused) == ([], []), _described(served, outcomes)
+    assert (outcomes.failed, outcomes.refused) == ([], []), served.described(outcomes)
 
 
 def test_an_oom_killed_decode_container_fails_no_stream(served, expected, migrations) -> None:
@@ -156,9 +132,9 @@ def test_an_oom_killed_decode_container_fails_no_stream(served, expected, migrat
         wait_until(lambda: f"the decode container OOM-killed: {last_termination()}",
                    lambda: last_termination().get("reason") == "OOMKilled", 60)
 
-    outcomes = _under_load(served, expected, "a decode container OOM-killed", oom,
+    outcomes = served.under_load(expected, "a decode container OOM-killed", oom,
                            _recovered(served, 2, back=victim))  # restarted in its pod
-    assert (outcomes.failed, outcomes.refused) == ([], []), _described(served, outcomes)
+    assert (outcomes.failed, outcomes.refused) == ([], []), served.described(outcomes)
     assert migrations() >= 1  # no grace: the streams it decoded were cut, and went on elsewhere
 
 
@@ -175,10 +151,10 @@ def test_a_restarted_redis_pod_fails_no_request(served, expected) -> None:
         return wait_until("a new Redis pod ready", lambda: [
             pod for pod in served.ready_pods("redis") if pod["metadata"]["name"] != old["metadata"]["name"]], READY_S)
 
-    outcomes = _under_load(served, expected, "Redis's pod restarted",
+    outcomes = served.under_load(expected, "Redis's pod restarted",
                            lambda: served.kubectl("delete", "pod", old["metadata"]["name"], "--wait=false"),
                            new_redis_ready)
-    assert (outcomes.failed, outcomes.refused) == ([], []), _described(served, outcomes)
+    assert (outcomes.failed, outcomes.refused) == ([], []), served.described(outcomes)
     assert served.metric(prefill, TRANSFER_FAILURES, reason="peer_unreachable") == unreachable_before
 
 
@@ -207,17 +183,26 @@ def test_a_partition_between_the_prefill_pod_and_a_decode_pod_fails_no_request(s
         received = served.metric(victim, RECEIVED)
         return wait_until("KV reaching the decode pod again", lambda: served.metric(victim, RECEIVED) > received, 300)
 
-    outcomes = _under_load(served, expected, "prefill pod cut off from a decode pod", partition, kv_crosses_again)
-    assert (outcomes.failed, outcomes.refused) == ([], []), _described(served, outcomes)
+    outcomes = served.under_load(expected, "prefill pod cut off from a decode pod", partition, kv_crosses_again)
+    assert (outcomes.failed, outcomes.refused) == ([], []), served.described(outcomes)
+
+
+def test_decode_scaled_in_under_load_fails_no_stream(served, expected) -> None:
+    """2 -> 1 (the way back of test_real_pods.py's 1 -> 2): the removed pod leaves the router's choice at once
+    and finishes its streams within its drain; nothing fails, nothing is refused or cut short."""
+    outcomes = served.under_load(expected, "decode scaled 2 -> 1",
+                                 lambda: served.patch_spec(CLUSTER, {"decode": {"replicas": 1}}),
+                                 lambda: served.wait_scaled("decode", 1))
+    assert (outcomes.failed, outcomes.refused) == ([], []), served.described(outcomes)
 
 
 def test_the_only_decode_pod_deleted_gives_clean_errors_fast_then_serves_again(served, expected) -> None:
-    served.scale_decode(1)
+    served.scale("decode", 1)  # as the test before leaves it; set here too, so the test runs alone
     [only] = served.ready_pods("decode")
 
-    outcomes = _under_load(served, expected, "the only decode pod deleted",
-                           lambda: served.kubectl("delete", "pod", only["metadata"]["name"], "--wait=false"),
-                           _recovered(served, 1, gone=only), workers=2)
-    assert outcomes.failed == [], _described(served, outcomes)
+    outcomes = served.under_load(expected, "the only decode pod deleted",
+                                 lambda: served.kubectl("delete", "pod", only["metadata"]["name"], "--wait=false"),
+                                 _recovered(served, 1, gone=only), workers=2)
+    assert outcomes.failed == [], served.described(outcomes)
     assert outcomes.refused, "no request was refused while no decode pod served"
-    assert outcomes.longest_wait_for_refusal_s < CLEAN_ERROR_S, _described(served, outcomes)
+    assert outcomes.longest_wait_for_refusal_s < CLEAN_ERROR_S, served.described(outcomes)
