@@ -25,6 +25,7 @@ from kvferry.operator.naming import (
     selector_labels,
 )
 from kvferry.operator.security import container_security_context, pod_security_context
+from kvferry.router.api.draining import DRAIN_PATH
 
 API_KEY_ENV = "KVFERRY_API_KEY"
 CLUSTER_TOKEN_ENV = "KVFERRY_CLUSTER_TOKEN"  # what kvferry.router.admission.auth.cluster_token_from reads, in every role
@@ -58,6 +59,15 @@ def _downward_env() -> dict[str, dict[str, Any]]:
 
 PRE_STOP_SECONDS = 3
 CLOSE_SECONDS = 10
+
+
+def _pre_stop(role: ServingRole) -> dict[str, Any]:
+    """Deleted, a pod at once stops being an endpoint (routers' discovery, kube-proxy), but those lag a little:
+    it keeps taking what reaches it until SIGTERM comes after this wait. The router's clients hold keep-alive
+    connections to it, so it spends the wait answering each with `Connection: close` (router/api/draining.py)."""
+    if role == "router":
+        return {"httpGet": {"path": f"{DRAIN_PATH}?seconds={PRE_STOP_SECONDS}", "port": NODE_PORT}}
+    return {"sleep": {"seconds": PRE_STOP_SECONDS}}
 
 
 def _args(role: ServingRole, role_spec: RoleSpec) -> list[str]:
@@ -165,9 +175,7 @@ def build_role_deployment(
         "readinessProbe": _READINESS_PROBE,
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
-        # Deleted, a pod at once stops being an endpoint (routers' discovery, kube-proxy), but those lag a
-        # little: it keeps taking what reaches it until SIGTERM comes after this sleep.
-        "lifecycle": {"preStop": {"sleep": {"seconds": PRE_STOP_SECONDS}}},
+        "lifecycle": {"preStop": _pre_stop(role)},
     }
     pod_spec: dict[str, Any] = {
         # The preStop sleep, the drain (--shutdown-grace), then the process's own close (engine, transfers).

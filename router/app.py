@@ -19,6 +19,7 @@ from kvferry.router.admission.auth import PROBE_PATHS, APIKeyMiddleware, bearer_
 from kvferry.router.admission.limit import Admission
 from kvferry.router.admission.plugins import load_plugins
 from kvferry.router.api.body_limit import BodyLimitMiddleware
+from kvferry.router.api.draining import DrainingMiddleware
 from kvferry.router.api.errors import ERROR_RESPONSES, install_error_handlers
 from kvferry.router.api.openai_schema import (
     ChatCompletionRequest,
@@ -142,6 +143,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     open_paths = PROBE_PATHS if config.metrics_need_auth else PROBE_PATHS | {"/metrics"}
     app.add_middleware(APIKeyMiddleware, keys=config.api_keys, open_paths=open_paths)
+    app.add_middleware(DrainingMiddleware)  # outermost: the kubelet's preStop call bears no key
     app.state.cluster, app.state.metrics, app.state.service = cluster, metrics, service
     metrics.inflight.set_function(lambda: service.admission.inflight)
     unauthorized = {401: ERROR_RESPONSES[401]}

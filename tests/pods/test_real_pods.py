@@ -108,6 +108,23 @@ def test_decode_scaled_out_under_load_fails_no_stream_and_both_pods_serve(served
     wait_until("KV received by both decode pods", both_received, 300, interval=0)
 
 
+def test_a_router_pod_deleted_under_load_fails_no_request(served: ServedCluster) -> None:
+    """Two routers behind the Service: one deleted while clients stream (its in-flight streams finish within
+    its drain, new connections go to the other), then the router scaled back to one, also under load. The
+    routers share nothing that an answer depends on (nodes from discovery, the prefix index in Redis)."""
+    expected = undisturbed_texts(served.router, SERVED_NAME)
+    served.scale("router", 2)
+    victim = served.ready_pods("router")[0]["metadata"]["name"]
+    for what, disrupt in (
+        ("a router pod deleted", lambda: served.kubectl("delete", "pod", victim, "--wait=false")),
+        ("router scaled 2 -> 1", lambda: served.patch_spec(CLUSTER, {"router": {"replicas": 1}})),
+    ):
+        count = 1 if "scaled" in what else 2
+        outcomes = served.under_load(expected, what, disrupt, lambda count=count: served.wait_scaled("router", count))
+        assert (outcomes.failed, outcomes.refused) == ([], []), served.described(outcomes)
+    assert victim not in {pod["metadata"]["name"] for pod in served.ready_pods("router")}
+
+
 def test_a_helm_upgrade_rolls_the_operator_without_a_failed_request(served: ServedCluster) -> None:
     def operator_pods() -> set[str]:
         return {pod["metadata"]["name"] for pod in served.items("pods", "app.kubernetes.io/component=operator")}

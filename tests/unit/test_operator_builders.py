@@ -343,7 +343,12 @@ def test_a_pod_told_to_stop_drains_for_the_specs_seconds() -> None:
         c = container(deployments[f"demo-{role}"])
         args = c["args"]
         assert args[args.index("--shutdown-grace") + 1] == str(drain)
-        pre_stop = c["lifecycle"]["preStop"]["sleep"]["seconds"]
+        hook = c["lifecycle"]["preStop"]
+        if role == "router":  # it waits in its own /drain, answering with Connection: close meanwhile
+            assert hook == {"httpGet": {"path": "/drain?seconds=3", "port": 8000}}
+            pre_stop = 3
+        else:
+            pre_stop = hook["sleep"]["seconds"]
         assert 0 < pre_stop and pod["terminationGracePeriodSeconds"] > pre_stop + drain
 
 

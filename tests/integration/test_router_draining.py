@@ -1,0 +1,63 @@
+"""A router pod's preStop hook (router/api/draining.py) on a real uvicorn server: before `GET /drain` a
+client's requests share one keep-alive connection; from the hook's call on, each response says
+`Connection: close` and the server closes it, so the client's next request comes on a new connection
+(which, on Kubernetes, kube-proxy sends to another router)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import uvicorn
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from kvferry.cli.redis_server import free_port
+from kvferry.router.api.draining import DrainingMiddleware
+
+
+async def echo_client_port(scope, receive, send) -> None:
+    """The app behind the middleware: which client port (connection) each request came on."""
+    await JSONResponse({"port": Request(scope).client.port})(scope, receive, send)
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    port = free_port()
+    config = uvicorn.Config(DrainingMiddleware(echo_client_port), host="127.0.0.1", port=port, log_level="warning")
+    served = uvicorn.Server(config)
+    thread = threading.Thread(target=served.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not served.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    served.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_after_the_drain_call_every_response_closes_its_connection(server: str) -> None:
+    with httpx.Client(base_url=server, timeout=10) as client:
+        before = [client.get("/v1/models") for _ in range(3)]
+        assert all("close" not in r.headers.get("connection", "") for r in before)
+        assert len({r.json()["port"] for r in before}) == 1  # one keep-alive connection
+
+        started = time.monotonic()
+        drained = client.get("/drain", params={"seconds": "0.3"})
+        assert drained.status_code == 200 and drained.json() == {"status": "draining"}
+        assert time.monotonic() - started >= 0.3  # the hook waits as long as it was told
+
+        after = [client.get("/v1/models") for _ in range(3)]
+        assert all(r.status_code == 200 and r.headers["connection"] == "close" for r in after)
+        assert len({r.json()["port"] for r in after}) == 3  # each on a connection of its own
+
+
+def test_a_bad_wait_drains_at_once(server: str) -> None:
+    started = time.monotonic()
+    assert httpx.get(f"{server}/drain", params={"seconds": "soon"}, timeout=10).status_code == 200
+    assert time.monotonic() - started < 5
+    assert httpx.get(f"{server}/x", timeout=10).headers["connection"] == "close"
