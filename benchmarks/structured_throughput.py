@@ -4,7 +4,8 @@ One engine (by default the trained model, SmolLM2-135M-Instruct with its 49,152-
 sets the mask's width; `--model small` for the random-weight llama checkpoint; float32, on the CPU), in one
 process, the same prompts, greedy, EOS ignored, every request generating exactly max_tokens tokens on both sides; the
 constrained side holds each request to a JSON schema (engine/grammar.py: the mask in the sampler, here
-llguidance's, since the schema has a length-bounded string) whose shortest valid output is far longer than max_tokens, so the grammar never ends one early. Concurrency
+llguidance's, since the schema has a length-bounded string) whose shortest valid output is far longer than
+max_tokens, so the grammar never ends one early. Concurrency
 1: the requests one after the other; concurrency 64: all submitted together. The two sides alternate
 round by round (ABBA); each side's median over the rounds, and the ratio of each round's pair, whose median
 is the headline (a shared machine's speed drifts by more than the effect between rounds, much less within

@@ -150,16 +150,12 @@ def _scheduling(ref: ClusterRef, role: ServingRole, role_spec: RoleSpec) -> dict
     return scheduling
 
 
-def role_spec_of(spec: InferenceClusterSpec, role: ServingRole) -> RoleSpec:
-    return {"prefill": spec.prefill, "decode": spec.decode, "router": spec.router}[role]
-
-
 def build_role_deployment(
     ref: ClusterRef, spec: InferenceClusterSpec, role: ServingRole, config_hash: str, replicas: int | None
 ) -> dict[str, Any]:
     """`replicas`: the role's count (replica_counts.py: the spec's, or the autoscaling planner's); None
     leaves it out, so that server-side apply neither sets nor resets what another controller scaled."""
-    role_spec = role_spec_of(spec, role)
+    role_spec = spec.role(role)
     volumes, mounts = _volumes(spec, role, ref)
     container = {
         "name": role,

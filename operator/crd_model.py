@@ -24,6 +24,7 @@ from pydantic.alias_generators import to_camel
 
 from kvferry import __version__
 from kvferry.operator.model_source import SUPPORTED_FORMS, parse_model_source
+from kvferry.operator.naming import ServingRole
 from kvferry.operator.planner.plan import ScalingPolicy
 
 # What `make image` builds and imports into the node's container runtime: no registry needs to be reachable.
@@ -364,6 +365,10 @@ class InferenceClusterSpec(KubeModel):
             "calls without it; without it the nodes' internal API is open to anything that reaches it."
         ),
     )
+
+    def role(self, role: ServingRole) -> RoleSpec:
+        """The spec of one serving role, by its name."""
+        return {"prefill": self.prefill, "decode": self.decode, "router": self.router}[role]
 
 
 class RoleStatus(KubeModel):

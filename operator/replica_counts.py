@@ -7,16 +7,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvferry.operator.crd_model import Autoscaling, AutoscalingStatus, InferenceClusterSpec
-from kvferry.operator.naming import ServingRole
+from kvferry.operator.crd_model import (
+    AutoscaledRoleSpec,
+    Autoscaling,
+    AutoscalingStatus,
+    InferenceClusterSpec,
+)
+from kvferry.operator.naming import SERVING_ROLES, ServingRole
 
 
 def autoscaling_of(spec: InferenceClusterSpec, role: ServingRole) -> Autoscaling | None:
-    if role == "prefill":
-        return spec.prefill.autoscaling
-    if role == "decode":
-        return spec.decode.autoscaling
-    return None
+    role_spec = spec.role(role)
+    return role_spec.autoscaling if isinstance(role_spec, AutoscaledRoleSpec) else None
 
 
 def recorded_decisions(status: Mapping[str, Any] | None) -> AutoscalingStatus:
@@ -44,8 +46,8 @@ def kept_decisions(spec: InferenceClusterSpec, status: Mapping[str, Any] | None)
 def desired_replicas(spec: InferenceClusterSpec, decided: Mapping[str, int]) -> dict[ServingRole, int | None]:
     """None for a role that scales externally (`scaleExternally`): its Deployment's own count stands."""
     counts: dict[ServingRole, int | None] = {}
-    for role, role_spec in (("prefill", spec.prefill), ("decode", spec.decode), ("router", spec.router)):
-        scaling = autoscaling_of(spec, role)
+    for role in SERVING_ROLES:
+        role_spec, scaling = spec.role(role), autoscaling_of(spec, role)
         if role_spec.scale_externally:
             counts[role] = None
         elif scaling is not None:
