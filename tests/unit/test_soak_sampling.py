@@ -56,6 +56,7 @@ def test_task_gauge_is_zero_outside_any_event_loop() -> None:
 # long-lived process (pytest after hundreds of tests) may serve the 64 MiB from memory it already holds.
 GROWING_CHILD = """
 import sys, tempfile, threading
+print("started", flush=True)
 sys.stdin.readline()
 files = [tempfile.TemporaryFile() for _ in range(7)]
 ballast = b"\\x01" * (64 << 20)
@@ -71,6 +72,9 @@ def test_proc_usage_sees_descriptors_threads_and_memory_of_a_live_process() -> N
     child = subprocess.Popen([sys.executable, "-c", GROWING_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              text=True)
     try:
+        # Measured once the interpreter has started: right after Popen it may still be starting, with the
+        # files its imports open and close (a unit run saw the descriptors' difference off so, once).
+        assert child.stdout.readline() == "started\n"
         rss_before, fds_before, threads_before = proc_usage(child.pid)
         child.stdin.write("grow\n")
         child.stdin.flush()
