@@ -29,6 +29,7 @@ from kvferry.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from kvferry.engine.sequence import Sequence, SequenceStatus
 from kvferry.engine.tokenizer import ModelTokenizer
 from kvferry.engine.weights import load_weights
+from kvferry.engine.weights_fingerprint import weights_fingerprint
 from kvferry.kvcache.allocator import BlockAllocator, OutOfBlocksError
 from kvferry.kvcache.kv_pool import HostAllocator, KVPool, KVPoolLayout
 
@@ -101,6 +102,7 @@ class LLMEngine:
             head_dim=cfg.head_dim,
             block_size=args.block_size,
             dtype=str(self.dtype).removeprefix("torch."),
+            weights=weights_fingerprint(self.model_dir),
         )
         # Weights first: on CUDA the pool gets what they and the activations leave of the memory budget.
         model = CausalLM(cfg, load_weights(self.model_dir, cfg, self.dtype, self.device), self.max_model_len)

@@ -26,6 +26,8 @@ class KVPoolLayout:
     block_size: int
     dtype: str
     layout: str = LAYOUT_NAME
+    # The weights that compute the KV (engine/weights_fingerprint.py); empty where none do (raw test pools).
+    weights: str = ""
 
     def bytes_per_block(self) -> int:
         element_size = torch.empty((), dtype=getattr(torch, self.dtype)).element_size()

@@ -18,12 +18,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from kvferry.kvcache.compatibility import COMPATIBILITY_FIELDS
 from kvferry.kvcache.kv_pool import KVPool
 from kvferry.transfer.engine import TransferEngine
 from kvferry.transfer.errors import LayoutMismatchError
-
-# What two pools must agree on, in the order a mismatch is reported.
-COMPATIBILITY_FIELDS = ("model", "dtype", "block_size", "layout", "num_layers", "num_kv_heads", "head_dim")
 
 
 def pool_description(model: str, pool: KVPool) -> dict[str, object]:

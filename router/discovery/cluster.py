@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from kvferry.kvcache.compatibility import kv_identity
 from kvferry.router.discovery.health import HealthTracker
 from kvferry.router.discovery.nodes import Endpoint, NodeView
 from kvferry.router.discovery.registry_view import RegistryView
@@ -43,6 +44,7 @@ def node_view(endpoint: Endpoint, entry: tuple[str, dict[str, Any]] | None, heal
         running=_int(record.get("running")), waiting=_int(record.get("waiting")),
         free_blocks=_int(record.get("free_blocks")), total_blocks=_int(record.get("total_blocks")),
         block_size=_int(pool.get("block_size")), max_model_len=_int(record.get("max_model_len")),
+        kv_identity=kv_identity(pool) if pool else None,
     )
 
 

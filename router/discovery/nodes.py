@@ -35,6 +35,13 @@ class NodeView:
     total_blocks: int | None = None
     block_size: int | None = None
     max_model_len: int | None = None
+    # What KV it computes and takes (kvcache/compatibility.py); None while its record has no pool.
+    kv_identity: str | None = None
+
+    def exchanges_kv_with(self, other: NodeView) -> bool:
+        """Whether KV one computes may continue on the other: an unknown identity is given the benefit of
+        the doubt, as an unknown model is (the transfer's own check still refuses a mismatch)."""
+        return self.kv_identity is None or other.kv_identity is None or self.kv_identity == other.kv_identity
 
     @property
     def host(self) -> str:

@@ -17,14 +17,16 @@ from typing import Any
 
 from kvferry.internal_api import SamplingSpec
 from kvferry.router.api.errors import APIError
+from kvferry.router.discovery.nodes import NodeView
 from kvferry.router.dispatch.pd_flow import DecodeNodeLost, PDFlow
 from kvferry.router.metrics import RouterMetrics
 from kvferry.router.scheduling import Decision
 
 log = logging.getLogger(__name__)
 
-# Schedules a choice again: its tokens so far (prompt + resumed) and the URLs of the decode nodes it lost.
-Reschedule = Callable[[list[int], set[str]], Awaitable[Decision]]
+# Schedules a choice again: its tokens so far (prompt + resumed), the URLs of the decode nodes it lost, and
+# the last of them (its successor runs the same model: a stream is one model's output, rollout or not).
+Reschedule = Callable[[list[int], set[str], NodeView], Awaitable[Decision]]
 
 
 class Migration:
@@ -58,7 +60,7 @@ class Migration:
             self.metrics.migrations.labels(outcome="exhausted").inc()
             raise APIError(502, f"{exc} ({attempt} migrations, at most {self.max_migrations})")
         try:
-            decision = await reschedule(tokens, lost)
+            decision = await reschedule(tokens, lost, exc.node)
         except APIError as refused:
             self.metrics.migrations.labels(outcome="no_node").inc()
             raise APIError(refused.status, f"{exc}, and no other decode node can go on: {refused.message}") from None

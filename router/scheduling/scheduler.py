@@ -53,9 +53,15 @@ class Scheduler:
         kept = bool(prefill_nodes) and not self.pd.disaggregate(request.uncached_tokens(prefill_nodes))
         if kept:
             prefill_nodes = []
+        decode_nodes = self._candidates(request, nodes, "decode")
+        if prefill_nodes:
+            # While a model rolls out, old and new nodes serve side by side: a decode node that some prefill
+            # node can hand KV to comes first, and its prefill node is one of those.
+            decode_nodes = _paired(decode_nodes, prefill_nodes) or decode_nodes
         # Without a prefill node to take the prompt, the decode node prefills: choose it as a prefill node.
         decode_weights = self.policy.decode if prefill_nodes else self.policy.prefill
-        decode = self._pick(request, self._candidates(request, nodes, "decode"), decode_weights, "decode")
+        decode = self._pick(request, decode_nodes, decode_weights, "decode")
+        prefill_nodes = [node for node in prefill_nodes if node.exchanges_kv_with(decode)]
         if not prefill_nodes:
             return Decision(decode, None, request.cached_blocks.get(decode.name, 0), colocated=colocated,
                             kept_on_decode=kept)
@@ -83,3 +89,7 @@ class Scheduler:
                 for index, score in enumerate(SCORERS[name](request, nodes)):
                     total[index] += weight * score
         return self.picker.pick(role, nodes, total)
+
+
+def _paired(decode_nodes: list[NodeView], prefill_nodes: list[NodeView]) -> list[NodeView]:
+    return [decode for decode in decode_nodes if any(prefill.exchanges_kv_with(decode) for prefill in prefill_nodes)]

@@ -13,6 +13,7 @@ from support.block_sets import NUM_BLOCKS, fragmented
 from support.peer_process import PeerProcess
 from support.transfer_peer import block_digests, fill_random, make_pool
 
+from kvferry.kvcache.compatibility import COMPATIBILITY_FIELDS
 from kvferry.kvcache.kv_pool import KVPool
 from kvferry.kvcache.node_registry import RedisRegistry
 from kvferry.transfer import (
@@ -24,7 +25,6 @@ from kvferry.transfer import (
     TransferTimeoutError,
 )
 from kvferry.transfer.kv_connector import (
-    COMPATIBILITY_FIELDS,
     DestinationHandle,
     KVReceiver,
     KVSender,
@@ -74,6 +74,7 @@ def test_only_blocks_the_decode_side_lacks_travel(redis_url, local_engine, peers
 # One change per handshake field, made to the sender's pool (its values there, the peer's defaults here).
 LAYOUT_CHANGES: dict[str, tuple[str, dict[str, object]]] = {
     "model": ("another-model", {}),
+    "weights": ("tiny", {"weights": "a-fine-tune"}),
     "dtype": ("tiny", {"dtype": "float16"}),
     "block_size": ("tiny", {"block_size": 32}),
     "layout": ("tiny", {"layout": "layer-major:[layer,block,kv,slot,head,dim]"}),

@@ -31,6 +31,19 @@ def test_records_join_discovered_urls_and_missing_load_stays_unknown():
     ]
     assert (nodes[0].free_blocks, nodes[0].total_blocks, nodes[0].queue_depth) == (5, 10, 3)
     assert (nodes[1].free_blocks, nodes[1].waiting, nodes[1].queue_depth) == (None, None, 1)
+    # Nodes with equal pools exchange KV; a record without a pool says nothing about it.
+    assert nodes[0].kv_identity == nodes[1].kv_identity is not None and nodes[2].kv_identity is None
+
+
+def test_a_pool_with_other_weights_has_another_kv_identity():
+    registry = InMemoryRegistry()
+    registry.publish("p-a", record("http://10.0.0.1:8100", "prefill", pool={"model": "m", "weights": "a"}))
+    registry.publish("d-b", record("http://10.0.0.2:8100", "decode", pool={"model": "m", "weights": "b"}))
+    view = RegistryView(registry, stale_after_seconds=15)
+    view.refresh()
+    prefill, decode = (node_view(e, view.lookup(e.url), True, 0)
+                       for e in StaticDiscovery(["http://10.0.0.1:8100"], ["http://10.0.0.2:8100"]).endpoints())
+    assert not prefill.exchanges_kv_with(decode)
 
 
 def test_stale_or_unhealthy_records_mark_their_node_dead_and_registry_discovery_skips_stale_ones():

@@ -56,13 +56,13 @@ def test_a_lost_stream_goes_on_elsewhere_with_the_tokens_sent_and_without_the_lo
     flow = ScriptedFlow({"d0": ([[10], [11, 12]], True), "d1": ([[13], [14]], False)})
     asked = []
 
-    async def reschedule(tokens: list[int], lost: set[str]) -> Decision:
-        asked.append((tokens, lost))
+    async def reschedule(tokens: list[int], lost: set[str], last: NodeView) -> Decision:
+        asked.append((tokens, lost, last.name))
         return _decision("d1")
 
     metrics = RouterMetrics()
     assert _run(Migration(flow, metrics, max_migrations=1), reschedule) == [10, 11, 12, 13, 14]  # type: ignore[arg-type]
-    assert asked == [(PROMPT + [10, 11, 12], {"http://d0"})]
+    assert asked == [(PROMPT + [10, 11, 12], {"http://d0"}, "d0")]  # the successor is asked to run d0's model
     assert flow.calls == [("d0", "req", []), ("d1", "req-m1", [10, 11, 12])]
     assert metrics.migrations.labels(outcome="migrated")._value.get() == 1
 
@@ -71,7 +71,7 @@ def test_migrations_are_bounded_and_then_the_loss_is_the_clients_error():
     flow = ScriptedFlow({"d0": ([[10]], True), "d1": ([[11]], True), "d2": ([[12]], False)})
     nodes = iter(["d1", "d2"])
 
-    async def reschedule(tokens: list[int], lost: set[str]) -> Decision:
+    async def reschedule(tokens: list[int], lost: set[str], last: NodeView) -> Decision:
         return _decision(next(nodes))
 
     with pytest.raises(APIError) as refused:
@@ -83,7 +83,7 @@ def test_migrations_are_bounded_and_then_the_loss_is_the_clients_error():
 def test_no_other_decode_node_is_a_clean_503_naming_the_loss():
     flow = ScriptedFlow({"d0": ([[10]], True)})
 
-    async def reschedule(tokens: list[int], lost: set[str]) -> Decision:
+    async def reschedule(tokens: list[int], lost: set[str], last: NodeView) -> Decision:
         raise APIError(503, "no healthy decode node")
 
     with pytest.raises(APIError) as refused:

@@ -160,3 +160,28 @@ def test_sessions_are_forgotten_after_their_ttl_and_beyond_the_limit():
     sessions.record("c", frozenset({"d1"}))
     sessions.record("d", frozenset({"d0"}))
     assert sessions.nodes("b") == frozenset() and sessions.nodes("d") == {"d0"}  # the oldest went first
+
+
+OLD, NEW = '["m", "old-weights"]', '["m", "new-weights"]'  # two checkpoints' KV identities
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_prefill_node_is_paired_only_with_a_decode_node_that_takes_its_kv(policy: str):
+    # Mid-rollout: the new prefill node is up, the new decode node too, the old ones not yet gone.
+    nodes = [prefill("p-new", kv_identity=NEW), prefill("p-old", kv_identity=OLD, inflight=5),
+             decode("d-old", kv_identity=OLD), decode("d-new", kv_identity=NEW, inflight=5)]
+    for pair in picks(policy, nodes, [request(cached={"p-new": 4}), request(cached={"p-old": 4}), request()] * 2):
+        assert pair in {("p-new", "d-new"), ("p-old", "d-old")}, pair
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_decode_node_with_a_prefill_node_for_it_comes_first_and_one_without_prefills_itself(policy: str):
+    # The new prefill node is up, the new decode node not yet: the old decode node has no partner left.
+    rolling = [prefill("p-new", kv_identity=NEW), decode("d-old", kv_identity=OLD)]
+    assert picks(policy, rolling, [request()]) == [(None, "d-old")]
+    both = [*rolling, decode("d-new", kv_identity=NEW, inflight=9)]
+    assert picks(policy, both, [request(), request()]) == [("p-new", "d-new")] * 2
+
+
+def test_nodes_whose_records_name_no_pool_yet_pair_with_any():
+    assert picks("default", [prefill("p0"), decode("d0", kv_identity=OLD)], [request()]) == [("p0", "d0")]
