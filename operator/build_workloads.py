@@ -35,6 +35,8 @@ POD_IP_ENV = "POD_IP"
 # such an extended resource (its request defaults to it), so a request alone is copied to the limit
 # rather than refused by the apiserver.
 GPU_RESOURCE = "nvidia.com/gpu"
+# New pods a rollout starts before old ones go, per role: a quarter of it, at least one (Kubernetes rounds up).
+ROLLOUT_SURGE = "25%"
 
 # Loading weights takes minutes on a large model; the startup probe holds liveness off until then.
 # Timeouts are seconds, not Kubernetes' default of one: a busy node or router answers a probe late, and
@@ -191,6 +193,10 @@ def build_role_deployment(
         "metadata": child_metadata(ref, role),
         "spec": {
             **({} if replicas is None else {"replicas": replicas}),
+            # Capacity never dips in a rollout: an old pod goes only once its replacement is ready, so a
+            # replacement that never gets ready stops the rollout with the old pods serving.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": ROLLOUT_SURGE, "maxUnavailable": 0}},
+            "progressDeadlineSeconds": spec.rollout_deadline_seconds,
             "selector": {"matchLabels": selector_labels(ref, role)},
             "template": {
                 "metadata": {

@@ -355,6 +355,15 @@ class InferenceClusterSpec(KubeModel):
         "Redis for the shared prefix-cache index and the node registry; with neither url nor managed, "
         "routing has no index and KV blocks cannot move between pods (decode nodes prefill locally).",
     )
+    rollout_deadline_seconds: int = Field(
+        600,
+        ge=30,
+        le=86400,
+        description="A change of the model, image or KV settings replaces pods one at a time, each old pod "
+        "kept until its replacement is ready, and the router pairs prefill and decode pods of the same model "
+        "only. A role whose new pods are not ready this long after the last progress has failed: the rollout "
+        "stops with the old pods serving, and status says Degraded with the reason.",
+    )
     auth_secret: SecretKeyRef | None = Field(
         None, description="Secret holding the API key clients must send; without it the router is open."
     )

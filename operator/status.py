@@ -34,6 +34,7 @@ class Rollout:
     desired: int
     ready: int
     updated: int
+    outdated: int  # pods of an older template still there (a rollout replaces them one by one)
     complete: bool
     failure: Problem | None
 
@@ -41,7 +42,7 @@ class Rollout:
 def rollout_of(name: str, deployment: Mapping[str, Any] | None, desired: int | None) -> Rollout:
     """desired: the spec's replica count; None takes the Deployment's own (when the spec is unusable)."""
     if deployment is None:
-        return Rollout(name, desired or 0, 0, 0, complete=False, failure=None)
+        return Rollout(name, desired or 0, 0, 0, 0, complete=False, failure=None)
     status = deployment.get("status", {})
     if desired is None:
         desired = int(deployment.get("spec", {}).get("replicas", 1))
@@ -56,7 +57,8 @@ def rollout_of(name: str, deployment: Mapping[str, Any] | None, desired: int | N
         and ready == desired
         and int(status.get("replicas", 0)) == desired
     )
-    return Rollout(name, desired, ready, updated, complete, _failure(name, status.get("conditions") or []))
+    outdated = max(0, int(status.get("replicas", 0)) - updated)
+    return Rollout(name, desired, ready, updated, outdated, complete, _failure(name, status.get("conditions") or []))
 
 
 def _failure(name: str, conditions: Sequence[Mapping[str, Any]]) -> Problem | None:
@@ -87,7 +89,9 @@ def _conditions(
     phase: str, problem: Problem | None, rollouts: Sequence[Rollout]
 ) -> list[tuple[str, bool, str, str]]:
     summary = _summary(rollouts)
-    waiting = ", ".join(f"{r.name} {r.ready}/{r.desired}" for r in rollouts if not r.complete)
+    # A rollout's progress is its updated pods; a scale's, its ready ones: both are said.
+    waiting = ", ".join(f"{r.name} {r.updated}/{r.desired} updated, {r.ready} ready"
+                        + (f", {r.outdated} outdated" if r.outdated else "") for r in rollouts if not r.complete)
     if problem is not None:
         return [
             ("Ready", False, problem.reason, summary),

@@ -352,6 +352,15 @@ def test_a_pod_told_to_stop_drains_for_the_specs_seconds() -> None:
         assert 0 < pre_stop and pod["terminationGracePeriodSeconds"] > pre_stop + drain
 
 
+def test_a_rollout_keeps_every_old_pod_until_its_replacement_is_ready() -> None:
+    deployments = [c for c in build_children(REF, spec(rolloutDeadlineSeconds=120), {}) if c["kind"] == "Deployment"
+                   and c["metadata"]["name"] != "demo-redis"]
+    assert len(deployments) == 3
+    for deployment in deployments:
+        assert deployment["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+        assert deployment["spec"]["progressDeadlineSeconds"] == 120
+
+
 def test_every_serving_role_has_a_disruption_budget_of_one_pod() -> None:
     budgets = {c["metadata"]["name"]: c["spec"] for c in build_children(REF, spec(), {})
                if c["kind"] == "PodDisruptionBudget"}

@@ -82,7 +82,7 @@ def test_some_ready_is_progressing() -> None:
     )
     assert status["phase"] == "Progressing"
     progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
-    assert progressing["message"] == "waiting for prefill 1/3"
+    assert progressing["message"] == "waiting for prefill 3/3 updated, 1 ready"
 
 
 def test_rollout_with_old_pods_left_is_not_ready() -> None:
@@ -93,6 +93,8 @@ def test_rollout_with_old_pods_left_is_not_ready() -> None:
         "router": deployment(1, 1),
     }
     assert status_of(rolling)["phase"] == "Progressing"
+    progressing = next(c for c in status_of(rolling)["conditions"] if c["type"] == "Progressing")
+    assert progressing["message"] == "waiting for prefill 1/1 updated, 1 ready, 1 outdated"
     stale = {"prefill": deployment(1, 1, observed=1), "decode": deployment(1, 1), "router": deployment(1, 1)}
     assert status_of(stale)["phase"] == "Progressing"
 
