@@ -10,6 +10,7 @@ same variables and helpers, so a template gives the same prompt here as in trans
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import datetime
 from functools import cached_property
@@ -84,6 +85,12 @@ def find_chat_templates(model_dir: Path, tokenizer_config: dict[str, Any]) -> di
         if templates := _templates_in(source.get("chat_template")):
             return templates
     return {}
+
+
+def tokenizer_fingerprint(model_dir: str | Path) -> str:
+    """What token ids mean, as a short hash of tokenizer.json: a router sends ids only to nodes whose
+    fingerprint is its own (while a model change rolls, an old router and a new node may read them apart)."""
+    return hashlib.sha256((Path(model_dir) / "tokenizer.json").read_bytes()).hexdigest()[:16]
 
 
 class ModelTokenizer:

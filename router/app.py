@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 
+from kvferry.engine.tokenizer import tokenizer_fingerprint
 from kvferry.kvcache.node_registry import registry_from
 from kvferry.kvcache.prefix_index import PrefixIndex, prefix_index_from
 from kvferry.router.admission.auth import PROBE_PATHS, APIKeyMiddleware, bearer_headers, cluster_token_from
@@ -98,7 +99,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     client = httpx.AsyncClient(limits=NODE_CLIENT_LIMITS, timeout=httpx.Timeout(60.0, connect=5.0), headers=node_headers)
     view = RegistryView(registry_from(config.registry_url) if config.registry_url else None, config.stale_record_seconds)
     cluster = ClusterState(discovery or _discovery(config, view), view, HealthTracker(), config.health_interval_seconds, client,
-                           config.probe_timeout_seconds)
+                           config.probe_timeout_seconds, tokenizer_fingerprint(config.model.path))
     if index is None and config.redis.url:
         index = prefix_index_from(config.redis.url, model)
     encoder = PromptEncoder(config.model.path, ModelLimits.from_dir(config.model.path, config.model.max_model_len),

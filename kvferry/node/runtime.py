@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from kvferry.engine import AsyncLLMEngine, EngineArgs, LLMEngine
+from kvferry.engine.tokenizer import tokenizer_fingerprint
 from kvferry.kvcache.kv_pool import KVPool
 from kvferry.kvcache.prefix_index import prefix_index_from
 from kvferry.node.config import NodeConfig, transfer_environment
@@ -52,7 +53,8 @@ class NodeRuntime:
         # The node registry record (docs/internals.md): who the node is; the reporter adds its load.
         transfer.initialize(
             config.name, config.registry, config.transfer_protocol, role=config.role, url=config.url,
-            model=model, max_model_len=engine.max_model_len, epoch=time.time_ns(),
+            model=model, tokenizer=tokenizer_fingerprint(engine.model_dir), max_model_len=engine.max_model_len,
+            epoch=time.time_ns(),
             pool=pool_description(model, engine.pool), **load_fields(engine), healthy=True,
         )
         metrics = NodeMetrics(config.role, config.name)

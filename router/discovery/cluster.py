@@ -50,8 +50,12 @@ def node_view(endpoint: Endpoint, entry: tuple[str, dict[str, Any]] | None, heal
 
 class ClusterState:
     def __init__(self, discovery: Discovery, registry: RegistryView, health: HealthTracker,
-                 health_interval_seconds: float, client: httpx.AsyncClient, probe_timeout_seconds: float = 1.0) -> None:
+                 health_interval_seconds: float, client: httpx.AsyncClient, probe_timeout_seconds: float = 1.0,
+                 tokenizer: str | None = None) -> None:
+        """`tokenizer`: the router's tokenizer fingerprint; nodes whose records name another are not its
+        nodes (the ids it sends would mean other text there); None takes every node."""
         self.discovery, self.registry, self.health = discovery, registry, health
+        self.tokenizer = tokenizer
         self.health_interval_seconds = health_interval_seconds
         self.probe_timeout_seconds = probe_timeout_seconds
         self.client = client
@@ -69,7 +73,12 @@ class ClusterState:
                       stale=entry is not None and self.registry.is_stale(entry[1]))
             for endpoint in self.discovery.endpoints()
             for entry in [self.registry.lookup(endpoint.url)]
+            if self._reads_our_token_ids(entry)
         ]
+
+    def _reads_our_token_ids(self, entry: tuple[str, dict[str, Any]] | None) -> bool:
+        theirs = entry[1].get("tokenizer") if entry is not None else None
+        return self.tokenizer is None or theirs is None or theirs == self.tokenizer
 
     @contextlib.contextmanager
     def track(self, url: str) -> Iterator[None]:

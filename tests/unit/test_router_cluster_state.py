@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import time
 
+import httpx
+
 from kvferry.kvcache.node_registry import InMemoryRegistry
-from kvferry.router.discovery.cluster import node_view
+from kvferry.router.discovery.cluster import ClusterState, node_view
 from kvferry.router.discovery.health import HealthTracker
 from kvferry.router.discovery.nodes import Endpoint
 from kvferry.router.discovery.registry_view import RegistryView
@@ -33,6 +35,18 @@ def test_records_join_discovered_urls_and_missing_load_stays_unknown():
     assert (nodes[1].free_blocks, nodes[1].waiting, nodes[1].queue_depth) == (None, None, 1)
     # Nodes with equal pools exchange KV; a record without a pool says nothing about it.
     assert nodes[0].kv_identity == nodes[1].kv_identity is not None and nodes[2].kv_identity is None
+
+
+def test_a_router_sees_only_nodes_that_read_its_token_ids():
+    registry = InMemoryRegistry()
+    registry.publish("same", record("http://10.0.0.1:8100", "decode", tokenizer="t1"))
+    registry.publish("other", record("http://10.0.0.2:8100", "decode", tokenizer="t2"))
+    registry.publish("unsaid", record("http://10.0.0.3:8100", "decode"))
+    view = RegistryView(registry, stale_after_seconds=15)
+    view.refresh()
+    discovery = StaticDiscovery([], ["http://10.0.0.1:8100", "http://10.0.0.2:8100", "http://10.0.0.3:8100"])
+    cluster = ClusterState(discovery, view, HealthTracker(), 1.0, httpx.AsyncClient(), tokenizer="t1")
+    assert [node.name for node in cluster.views()] == ["same", "unsaid"]
 
 
 def test_a_pool_with_other_weights_has_another_kv_identity():
