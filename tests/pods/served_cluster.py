@@ -9,7 +9,7 @@ test_real_pods_faults.py (the fault matrix, ending with one), test_real_pods_tea
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -34,6 +34,7 @@ READY_S = 900
 # A node settles what a lost peer left within a lease (5 s) and a transfer timeout (2 s); a busy machine adds.
 IDLE_S = 60
 WORKERS = 4  # concurrent streams under load: enough that two decode pods both decode
+AUTOSCALE_S = 5  # the planner's interval (the chart's default is 30): a load step is met in a test's minutes
 
 
 @dataclass
@@ -69,6 +70,16 @@ class ServedCluster(Cluster):
 
         return wait_until(describe, reached, READY_S, interval=2)
 
+    def wait_rolled(self) -> dict[str, Any]:
+        """The operator has seen the spec's last change and every role runs it: only updated pods, all Ready."""
+        def reached() -> dict[str, Any] | None:
+            body = self.get("inferencecluster", CLUSTER) or {}
+            status = body.get("status") or {}
+            caught_up = status.get("observedGeneration") == body["metadata"]["generation"]
+            return status if caught_up and status.get("phase") == "Ready" else None
+
+        return wait_until(lambda: f"{CLUSTER} rolled out; status {self.status(CLUSTER)}", reached, READY_S, interval=2)
+
     def scale(self, role: str, replicas: int) -> None:
         """`spec.<role>.replicas`, then wait until exactly that many of its pods are ready."""
         self.patch_spec(CLUSTER, {role: {"replicas": replicas}})
@@ -83,7 +94,7 @@ class ServedCluster(Cluster):
 
         wait_until(lambda: f"{replicas} {role} pods ready; status {self.status(CLUSTER)}", reached, READY_S, interval=2)
 
-    def under_load(self, expected: dict[str, str], what: str, disrupt: Callable[[], None],
+    def under_load(self, expected: Mapping[str, str | tuple[str, ...]], what: str, disrupt: Callable[[], None],
                    recovered: Callable[[], object], workers: int = WORKERS) -> Outcomes:
         """Streams from `workers` clients (serving_loop.py); `disrupt()` once they answer; then `recovered()`
         (it waits, or fails) and eight answers after it. Every node pod idle at the end."""
@@ -150,7 +161,7 @@ class ServedCluster(Cluster):
 def install(node: PodsNode) -> ServedCluster:
     """`helm install` the chart, `kubectl apply` the example, and wait until it is Ready."""
     node.helm("upgrade", "--install", RELEASE, str(CHART), f"--namespace={NAMESPACE}", "--create-namespace",
-              "--wait", "--timeout=10m")
+              "--set", f"operator.autoscaleSeconds={AUTOSCALE_S}", "--wait", "--timeout=10m")
     cluster = ServedCluster(node, NAMESPACE)
     cluster.kubectl("apply", "-f", str(EXAMPLE))
     cluster.wait_ready()
