@@ -174,9 +174,10 @@ class ControlPlane(KubeTools):
     `kubectl(...)` and `helm(...)` (KubeTools) run against it.
     """
 
-    def __init__(self, bin_dir: Path | None = None, *, timeout: float = 90.0) -> None:
+    def __init__(self, bin_dir: Path | None = None, *, timeout: float = 90.0, fake_nodes: int = FAKE_NODE_COUNT) -> None:
         self.bin_dir: Path = bin_dir or default_bin_dir()
         self.timeout = timeout
+        self.fake_nodes = fake_nodes  # benchmarks/planner_kwok.py asks for a hundred
         self.workdir = Path(tempfile.mkdtemp(prefix="kvferry-kube-"))
         super().__init__(self.workdir / "admin.kubeconfig", self.bin_dir / "helm", self.workdir)
         self.server: str = f"https://127.0.0.1:{_free_port()}"
@@ -332,7 +333,7 @@ class ControlPlane(KubeTools):
         )
 
     def _create_fake_nodes(self) -> None:
-        nodes = [_fake_node(f"kwok-node-{index}") for index in range(FAKE_NODE_COUNT)]
+        nodes = [_fake_node(f"kwok-node-{index}") for index in range(self.fake_nodes)]
         self.kubectl(
             "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes})
         )
@@ -346,7 +347,7 @@ class ControlPlane(KubeTools):
                 c["type"] == "Ready" and c["status"] == "True" for c in node["status"].get("conditions", [])
             )
         ]
-        return len(ready) == FAKE_NODE_COUNT
+        return len(ready) == self.fake_nodes
 
     def _spawn(self, name: str, *args: str) -> _Component:
         log = self.workdir / f"{name}.log"
