@@ -258,6 +258,12 @@ class DecodeSpec(AutoscaledRoleSpec):
 
 
 class RouterSpec(RoleSpec):
+    replicas: int = Field(
+        2, ge=0, le=MAX_REPLICAS,
+        description="Number of router pods: two by default, so that losing or replacing one leaves another "
+        "serving (what an answer depends on is shared through Redis; without Redis, a Responses API "
+        "previous_response_id is found only on the router that stored it).",
+    )
     service_type: Literal["ClusterIP", "LoadBalancer"] = Field(
         "ClusterIP",
         description="Type of the router's Service: ClusterIP inside the cluster, or LoadBalancer.",

@@ -129,9 +129,9 @@ def test_example_becomes_ready_with_expected_children(cluster: Cluster, start_op
     assert config["model"]["path"] == "/models/smollm2-135m-instruct"
     assert config["transfer"]["ucxTransports"] == ["tcp", "sm", "self"]  # the nodes' UCX_TLS
 
-    for role in ("prefill", "decode", "router"):
-        assert len(ready_pods(cluster, role)) == 1, f"{role} pods not Running+Ready through kwok"
-        assert status[role] == {"desired": 1, "ready": 1, "updated": 1}
+    for role, count in (("prefill", 1), ("decode", 1), ("router", 2)):
+        assert len(ready_pods(cluster, role)) == count, f"{role} pods not Running+Ready through kwok"
+        assert status[role] == {"desired": count, "ready": count, "updated": count}
     conditions = {c["type"]: (c["status"], c["reason"]) for c in status["conditions"]}
     assert conditions == {
         "Ready": ("True", "AllReplicasReady"),
@@ -177,7 +177,7 @@ def test_image_and_kv_changes_roll_out(cluster: Cluster, start_operator) -> None
         assert len(sets) == 2, f"{role}: a rollout leaves the old ReplicaSet scaled to 0"
         assert [container_of(rs)["image"] for rs in live] == ["ghcr.io/kvferry/kvferry:0.2.0"]
         pods = ready_pods(cluster, role)
-        assert [pod["spec"]["containers"][0]["image"] for pod in pods] == ["ghcr.io/kvferry/kvferry:0.2.0"]
+        assert {pod["spec"]["containers"][0]["image"] for pod in pods} == {"ghcr.io/kvferry/kvferry:0.2.0"}
 
     cluster.patch_spec(NAME, {"kvCache": {"blockSize": 32}})
     cluster.wait_phase(NAME, "Ready")
@@ -269,7 +269,7 @@ def test_child_the_apiserver_refuses_is_degraded_without_retrying(cluster: Clust
         "the status to count Redis Ready",
         lambda: (
             next(c for c in cluster.status(NAME)["conditions"] if c["type"] == "Ready")["message"]
-            == "prefill 0/1, decode 0/1, router 0/1, redis 1/1 ready"
+            == "prefill 0/1, decode 0/1, router 0/2, redis 1/1 ready"
         ),
         TEST_RESYNC_S + 60,
     )

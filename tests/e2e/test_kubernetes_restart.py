@@ -50,8 +50,8 @@ def assert_one_ready_copy_of_each_child(cluster: Cluster, status: dict[str, Any]
     for child in cluster.items(CHILD_KINDS, SELECTOR):
         assert [ref["uid"] for ref in child["metadata"]["ownerReferences"]] == [owner["metadata"]["uid"]]
     assert status["observedGeneration"] == owner["metadata"]["generation"]
-    for role in ("prefill", "decode", "router"):
-        assert status[role] == {"desired": 1, "ready": 1, "updated": 1}
+    for role, count in (("prefill", 1), ("decode", 1), ("router", 2)):
+        assert status[role] == {"desired": count, "ready": count, "updated": count}
         assert len(cluster.items("replicasets", f"{SELECTOR},kvferry.dev/role={role}")) == 1
 
 

@@ -53,10 +53,10 @@ def expected(served: ServedCluster) -> dict[str, str]:
 
 @pytest.fixture
 def migrations(served: ServedCluster) -> Iterator[Callable[[], float]]:
-    """Streams the router migrated since the test began."""
-    [router] = served.ready_pods("router")
-    before = served.metric(router, MIGRATIONS, outcome="migrated")
-    yield lambda: served.metric(router, MIGRATIONS, outcome="migrated") - before
+    """Streams the routers migrated since the test began."""
+    routers = served.ready_pods("router")
+    before = sum(served.metric(router, MIGRATIONS, outcome="migrated") for router in routers)
+    yield lambda: sum(served.metric(router, MIGRATIONS, outcome="migrated") for router in routers) - before
 
 
 def _decoding_pod(served: ServedCluster) -> dict[str, Any]:

@@ -129,8 +129,9 @@ def started_pods(spec: dict[str, Any], tmp_path: Path, monkeypatch: pytest.Monke
 def test_the_operators_pods_start_and_agree(variant: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     spec = SPECS[variant]
     pods = started_pods(spec, tmp_path, monkeypatch)
-    [(_, router)] = pods["router"]
-    assert isinstance(router, RouterConfig)
+    routers = [config for _, config in pods["router"]]
+    assert len(routers) == 2 and all(isinstance(router, RouterConfig) for router in routers)  # the default
+    router = routers[0]
     nodes = [(pod, config) for role in ("prefill", "decode") for pod, config in pods[role]]
     assert [len(pods[role]) for role in ("prefill", "decode")] == [spec["prefill"]["replicas"], spec["decode"]["replicas"]]
 
@@ -169,9 +170,9 @@ def test_gpu_nodes_get_gpus_and_the_token_and_the_router_its_keys(tmp_path: Path
         for pod, config in pods[role]:
             assert pod.container["resources"]["limits"]["nvidia.com/gpu"] == 1
             assert config.cluster_token == "secret:internal/cluster-token"
-    [(router_pod, router)] = pods["router"]
-    assert "nvidia.com/gpu" not in router_pod.container.get("resources", {}).get("limits", {})
-    assert "secret:api-keys/api-key" in router.api_keys
+    for router_pod, router in pods["router"]:
+        assert "nvidia.com/gpu" not in router_pod.container.get("resources", {}).get("limits", {})
+        assert "secret:api-keys/api-key" in router.api_keys
 
 
 def write_cluster_config(tmp_path: Path, **changes: Any) -> Path:

@@ -15,7 +15,8 @@ T1 = datetime(2025, 1, 1, 12, 5, 0, tzinfo=UTC)
 
 
 def spec(**overrides: Any):
-    return parse_spec({"model": {"source": "/m", "servedName": "m"}, **overrides})
+    """One router, where the default is two: the cases' Deployments have one pod per role."""
+    return parse_spec({"model": {"source": "/m", "servedName": "m"}, "router": {"replicas": 1}, **overrides})
 
 
 def deployment(replicas: int, ready: int, updated: int | None = None, total: int | None = None, **extra: Any):

@@ -16,7 +16,7 @@ def spec(**overrides: Any) -> dict[str, Any]:
 
 def test_minimal_spec_gets_defaults() -> None:
     parsed = parse_spec(spec())
-    assert (parsed.prefill.replicas, parsed.decode.replicas, parsed.router.replicas) == (1, 1, 1)
+    assert (parsed.prefill.replicas, parsed.decode.replicas, parsed.router.replicas) == (1, 1, 2)
     assert parsed.kv_cache.block_size == 16
     assert parsed.transfer.protocol == "ucx"
     assert parsed.redis.url is None and not parsed.redis.managed
