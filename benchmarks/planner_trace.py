@@ -50,7 +50,7 @@ from kvferry.operator.planner.readings import decode_observation, prefill_observ
 
 GOAL_SAVING = 0.25  # the issue's: at least the fixed allocation's attainment with 25% fewer node-hours
 COARSE_SHARES = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9)  # prefill's share of a fixed total, tried first
-FINE_STEP = 0.03  # then this far either side of the best
+FINE_STEPS = (-0.03, -0.02, -0.01, 0.0, 0.01, 0.02, 0.03)  # then around the best, about a replica apart
 MAX_FIXED_OVER_START = 4  # the fixed search gives up beyond this many times the planner's mean replicas
 
 
@@ -219,7 +219,7 @@ class FixedSweep:
 
 
 def _around(share: float) -> tuple[float, ...]:
-    return (share - FINE_STEP, share, share + FINE_STEP)
+    return tuple(share + step for step in FINE_STEPS)
 
 
 def plot(timeline: list[Interval], sweep: list[Outcome], planner: Outcome, same_cost: Outcome,
