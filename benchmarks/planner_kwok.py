@@ -70,11 +70,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def router_text(totals: RouterTotals) -> str:
-    """One router's /metrics as the planner reads it: the TTFT and token-gap histograms, prompt tokens."""
+def router_text(totals: RouterTotals, share: float) -> str:
+    """One router's /metrics as the planner reads it (the TTFT and token-gap histograms, prompt tokens): its
+    `share` of the cluster's, so that the routers' texts add up to the cluster's as the operator adds them."""
     registry = CollectorRegistry()
-    families = [_histogram(TTFT, totals.ttft), _histogram(TOKEN_GAP, totals.token_gap),
-                CounterMetricFamily(PROMPT_TOKENS, "Prompt tokens routed", value=totals.prompt_tokens)]
+    families = [_histogram(TTFT, totals.ttft, share), _histogram(TOKEN_GAP, totals.token_gap, share),
+                CounterMetricFamily(PROMPT_TOKENS, "Prompt tokens routed", value=totals.prompt_tokens * share)]
     registry.register(_Fixed(families))
     return generate_latest(registry).decode()
 
@@ -88,9 +89,10 @@ def node_text(running: float, kv_usage: float | None) -> str:
     return generate_latest(registry).decode()
 
 
-def _histogram(name: str, buckets: dict[float, float]) -> HistogramMetricFamily:
+def _histogram(name: str, buckets: dict[float, float], share: float) -> HistogramMetricFamily:
     # no _sum: nothing reads it, and the simulation does not keep one
-    return HistogramMetricFamily(name, name, buckets=[(floatToGoString(b), c) for b, c in sorted(buckets.items())])
+    return HistogramMetricFamily(name, name, buckets=[(floatToGoString(bound), count * share)
+                                                      for bound, count in sorted(buckets.items())])
 
 
 class _Fixed:
@@ -110,6 +112,7 @@ class SimulatedPods:
     def __init__(self, kube: Kube, cluster: str, sim: ClusterSim) -> None:
         self.kube, self.cluster, self.sim = kube, cluster, sim
         self.pods: dict[str, tuple[str, str]] = {}  # pod IP -> (role, pod name)
+        self.routers = 1  # router pods: the example runs two, each routing its share of the requests
 
     def role_pods(self, role: str) -> list[dict[str, Any]]:
         """The role's pods that are not being deleted."""
@@ -127,6 +130,7 @@ class SimulatedPods:
             self.pods.update({pod["status"]["podIP"]: (role, pod["metadata"]["name"])
                               for pod in pods if pod["status"].get("podIP")})
             if role == "router":
+                self.routers = max(1, len(pods))
                 continue
             for name in names - set(self.sim.replicas[role]):
                 self.sim.add_replica(role, name, ready_s=self.sim.now_s if ready_now else None)
@@ -140,7 +144,7 @@ class SimulatedPods:
         for url in urls:
             role, name = self.pods.get(url.split("//")[1].split(":")[0], ("", ""))
             if role == "router":
-                texts.append(router_text(self.sim.router_totals()))
+                texts.append(router_text(self.sim.router_totals(), 1 / self.routers))
             elif role in ROLES and self.sim.replicas[role][name].serving(self.sim.now_s):
                 replica = self.sim.replicas[role][name]
                 if isinstance(replica, DecodeReplica):
@@ -261,6 +265,9 @@ def main(argv: list[str] | None = None) -> int:
             kube = Kube(load_configuration(plane.kubeconfig))
             print(f"control plane, operator and cluster up in {time.perf_counter() - started:.0f} s", flush=True)
             timeline = run_day(kube, NAME, sim, args)
+        except BaseException:
+            print(f"the operator's log ends:\n{log.read_text(errors='replace')[-4000:]}", flush=True)
+            raise
         finally:
             operator.terminate()
             operator.wait(timeout=30)
