@@ -9,9 +9,12 @@ import math
 import pytest
 from support.benchmarks_package import import_benchmark
 
+from kvferry.operator.planner.readings import NodeGauges, RouterTotals
+
 sim_module = import_benchmark("planner_cluster_sim")
 service_times = import_benchmark("planner_service_times")
 workload = import_benchmark("planner_workload")
+kwok = import_benchmark("planner_kwok")
 Request, ClusterSim, Histogram, Slo = sim_module.Request, sim_module.ClusterSim, sim_module.Histogram, sim_module.Slo
 
 # prefill takes prompt tokens / 100 seconds; a decode step 0.1 s per stream in the batch
@@ -99,3 +102,14 @@ def test_the_day_follows_the_diurnal_rate_and_keeps_the_prompts_in_the_context()
     for hour in (3, 12):  # the quietest and the busiest
         assert per_hour[hour] == pytest.approx(expected[hour], rel=0.1)
     assert max(request.prompt_tokens for request in requests) <= workload.MAX_PROMPT_TOKENS
+
+
+def test_the_pods_texts_read_back_as_the_simulated_cluster():
+    """planner_kwok's /metrics answers, parsed by the operator's readings: two routers' halves add up to the
+    cluster's counters, and the node pods' gauges to its decode gauges."""
+    sim = one_of_each(LINEAR, TWO)
+    sim.run_until(2.5)
+    totals = sim.router_totals()
+    assert RouterTotals.of([kwok.router_text(totals, 0.5)] * 2) == totals
+    gauges = NodeGauges.of([kwok.node_text(3, 0.25), kwok.node_text(1, 0.75)])
+    assert (gauges.replicas, gauges.running, gauges.kv_usage) == (2, 4.0, 0.5)
