@@ -238,8 +238,9 @@ def plot(timeline: list[Interval], path: Path) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # The control plane and the e2e helpers import each other as top-level packages (tests/ on the path, as
-    # tests/conftest.py has it); they are the tests', used here as they are.
-    sys.path.insert(0, str(REPO / "tests"))
+    # tests/conftest.py has it); they are the tests', used here as they are. Appended, not put first: an
+    # installed package keeps its name (tests/ has `cluster`, `e2e`, `support`), none is shadowed.
+    sys.path.append(str(REPO / "tests"))
     from cluster.control_plane import ControlPlane
     from e2e.example_cluster import NAME, example
     from e2e.kube_cluster import CRD_FILE, OPERATOR_START_S, Cluster
