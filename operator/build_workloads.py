@@ -63,12 +63,19 @@ PRE_STOP_SECONDS = 3
 CLOSE_SECONDS = 10
 
 
-def _pre_stop(role: ServingRole) -> dict[str, Any]:
+def _pre_stop_seconds(role: ServingRole, drain_seconds: int) -> int:
+    """The longest a pod's preStop hook takes: a router's waits on for the streams begun before it."""
+    return PRE_STOP_SECONDS + drain_seconds if role == "router" else PRE_STOP_SECONDS
+
+
+def _pre_stop(role: ServingRole, drain_seconds: int) -> dict[str, Any]:
     """Deleted, a pod at once stops being an endpoint (routers' discovery, kube-proxy), but those lag a little:
     it keeps taking what reaches it until SIGTERM comes after this wait. The router's clients hold keep-alive
-    connections to it, so it spends the wait answering each with `Connection: close` (router/api/draining.py)."""
+    connections to it, so it spends the wait answering each with `Connection: close`, and waits on, within its
+    drain, for the streams begun before it to end: their clients would reuse the connection (draining.py)."""
     if role == "router":
-        return {"httpGet": {"path": f"{DRAIN_PATH}?seconds={PRE_STOP_SECONDS}", "port": NODE_PORT}}
+        longest = _pre_stop_seconds(role, drain_seconds)
+        return {"httpGet": {"path": f"{DRAIN_PATH}?seconds={PRE_STOP_SECONDS}&longest={longest}", "port": NODE_PORT}}
     return {"sleep": {"seconds": PRE_STOP_SECONDS}}
 
 
@@ -158,6 +165,7 @@ def build_role_deployment(
     """`replicas`: the role's count (replica_counts.py: the spec's, or the autoscaling planner's); None
     leaves it out, so that server-side apply neither sets nor resets what another controller scaled."""
     role_spec = spec.role(role)
+    drain = role_spec.drain_seconds
     volumes, mounts = _volumes(spec, role, ref)
     container = {
         "name": role,
@@ -173,11 +181,11 @@ def build_role_deployment(
         "readinessProbe": _READINESS_PROBE,
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
-        "lifecycle": {"preStop": _pre_stop(role)},
+        "lifecycle": {"preStop": _pre_stop(role, drain)},
     }
     pod_spec: dict[str, Any] = {
-        # The preStop sleep, the drain (--shutdown-grace), then the process's own close (engine, transfers).
-        "terminationGracePeriodSeconds": PRE_STOP_SECONDS + role_spec.drain_seconds + CLOSE_SECONDS,
+        # The preStop hook, the drain (--shutdown-grace), then the process's own close (engine, transfers).
+        "terminationGracePeriodSeconds": _pre_stop_seconds(role, drain) + drain + CLOSE_SECONDS,
         "securityContext": pod_security_context(),
         "containers": [container],
         "volumes": volumes,

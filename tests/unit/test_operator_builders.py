@@ -344,9 +344,9 @@ def test_a_pod_told_to_stop_drains_for_the_specs_seconds() -> None:
         args = c["args"]
         assert args[args.index("--shutdown-grace") + 1] == str(drain)
         hook = c["lifecycle"]["preStop"]
-        if role == "router":  # it waits in its own /drain, answering with Connection: close meanwhile
-            assert hook == {"httpGet": {"path": "/drain?seconds=3", "port": 8000}}
-            pre_stop = 3
+        if role == "router":  # its own /drain: Connection: close meanwhile, then the old streams' end
+            assert hook == {"httpGet": {"path": f"/drain?seconds=3&longest={3 + drain}", "port": 8000}}
+            pre_stop = 3 + drain
         else:
             pre_stop = hook["sleep"]["seconds"]
         assert 0 < pre_stop and pod["terminationGracePeriodSeconds"] > pre_stop + drain
