@@ -30,7 +30,9 @@ def redis_url(ref: ClusterRef, spec: InferenceClusterSpec) -> str | None:
 
 
 def build_redis_deployment(ref: ClusterRef, spec: InferenceClusterSpec) -> dict[str, Any]:
-    probe = {"tcpSocket": {"port": "redis"}, "periodSeconds": 10}
+    probe = {"tcpSocket": {"port": "redis"}}
+    ready_probe = {**probe, "periodSeconds": 2}  # Redis starts in well under a second: Ready as soon as it has
+    live_probe = {**probe, "periodSeconds": 10}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -51,8 +53,8 @@ def build_redis_deployment(ref: ClusterRef, spec: InferenceClusterSpec) -> dict[
                             "command": REDIS_COMMAND,
                             "args": REDIS_ARGS,
                             "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
-                            "readinessProbe": probe,
-                            "livenessProbe": probe,
+                            "readinessProbe": ready_probe,
+                            "livenessProbe": live_probe,
                             "securityContext": container_security_context(),
                             "volumeMounts": [{"name": "data", "mountPath": "/data"}],
                         }

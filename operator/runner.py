@@ -64,6 +64,8 @@ async def _run_kopf(
                 return
 
     threading.Thread(target=forward_lost, name="lease-lost", daemon=True).start()
+    ready = asyncio.Event()
+    signals_to_stop_flag = asyncio.create_task(_stop_on_signals(ready, stop_flag))
     threading.Thread(
         target=autoscale_until,
         args=(Autoscaler(kube, config.namespaces, config.reconcile), config.autoscale_s, finished),
@@ -77,9 +79,25 @@ async def _run_kopf(
             clusterwide=not config.namespaces,
             namespaces=config.namespaces,
             stop_flag=stop_flag,
+            ready_flag=ready,
         )
     finally:
+        signals_to_stop_flag.cancel()
         finished.set()
+
+
+async def _stop_on_signals(ready: asyncio.Event, stop_flag: asyncio.Event) -> None:
+    """Once kopf is ready, SIGTERM and SIGINT set the stop flag in place of kopf's own signal handlers.
+
+    Why: stopped by a signal, kopf leaves the task that waits for its stop flag pending and then waits 5 s
+    (its fixed allowance for hung tasks) before it returns: every operator pod's stop, a rollout's or a
+    leader hand-over's, took 5 s longer. Stopped by the flag, it returns at once. kopf installs its handlers
+    before it is ready, so these replace them."""
+    await ready.wait()
+    loop = asyncio.get_running_loop()
+    if threading.current_thread() is threading.main_thread():  # where kopf installed its own
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop_flag.set)
 
 
 def run_operator(config: OperatorConfig) -> int:
