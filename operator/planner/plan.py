@@ -20,6 +20,7 @@ INFORMATIVE_PRESSURE = 0.5  # below it, latency is too close to its floor to say
 OVERLOAD_PRESSURE = 1.5  # above it, a queue is growing: the latency says the role is short, not by how much
 CAPACITY_WEIGHT = 0.5  # of a new capacity reading in the one remembered
 SCALE_UP_STEP = 4  # a scale-up may add this many replicas, or double the role if that is more
+SETTLE_INTERVALS = 2  # a ready count's latency is its own once it has served this many intervals before
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,8 @@ class Observation:
     load: float  # the role's work: prefill, prompt tokens (or requests) per second; decode, requests running
     latency_p90_s: float | None  # None: nothing measured in the interval
     kv_usage: float | None = None  # decode: fraction of KV blocks in use, mean over the replicas
+    queue_p90_s: float | None = None  # prefill, where its nodes report it: the wait for a first step, p90
+    compute_p90_s: float | None = None  # prefill: a prompt's compute alone, p90 over all the nodes have done
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,7 @@ class PlannerState:
     floor_s: float | None = None  # latency with no load in the way (pressure.py)
     recent: tuple[tuple[float, int], ...] = ()  # (time, recommended count) within the scale-down window
     missed: tuple[float, int] | None = None  # (load, ready replicas) of the last interval over the target
+    ready_seen: tuple[int, ...] = ()  # the ready counts of the last SETTLE_INTERVALS observations
 
     @classmethod
     def fresh(cls, replicas: int, at_s: float) -> PlannerState:
@@ -76,7 +80,8 @@ class Decision:
 def plan(policy: ScalingPolicy, state: PlannerState, seen: Observation) -> Decision:
     forecast = state.forecast.updated(seen.load) if state.forecast else LoadForecast.first(seen.load)
     floor_s = updated_floor(state.floor_s, seen.latency_p90_s)
-    pressure = _pressure(policy, floor_s, seen)
+    settled = all(count == seen.replicas for count in state.ready_seen)
+    pressure = _pressure(policy, floor_s, seen, settled)
     capacity = state.capacity
     if pressure is not None and INFORMATIVE_PRESSURE <= pressure <= OVERLOAD_PRESSURE:
         reading = seen.load / seen.replicas / pressure
@@ -93,23 +98,51 @@ def plan(policy: ScalingPolicy, state: PlannerState, seen: Observation) -> Decis
         why += f"; {missed[1]} missed the target at load {missed[0]:.3g}"
     recent = tuple(entry for entry in state.recent if entry[0] > seen.at_s - policy.scale_down_window_s)
     recent += ((seen.at_s, recommended),)
-    state = replace(state, forecast=forecast, capacity=capacity, floor_s=floor_s, recent=recent, missed=missed)
+    ready_seen = (*state.ready_seen, seen.replicas)[-SETTLE_INTERVALS:]
+    state = replace(state, forecast=forecast, capacity=capacity, floor_s=floor_s, recent=recent, missed=missed,
+                    ready_seen=ready_seen)
     replicas, action = _apply(policy, state, seen.at_s, recommended)
     if replicas != state.replicas:
         state = replace(state, replicas=replicas, changed_at_s=seen.at_s)
     return Decision(replicas, recommended, f"{action}: {why}", state)
 
 
-def _pressure(policy: ScalingPolicy, floor_s: float | None, seen: Observation) -> float | None:
-    """None when the interval says nothing about how full the role is."""
+def _pressure(policy: ScalingPolicy, floor_s: float | None, seen: Observation, settled: bool) -> float | None:
+    """None when the interval says nothing about how full the role is.
+
+    Latency is counted when a request ends, so the intervals just after new replicas start still show the
+    queue the fewer replicas built: read as the new count's, that backlog doubled a count that already
+    sufficed and then kept it (`missed`). So a ready count's latency speaks for it only once that count
+    has served the SETTLE_INTERVALS intervals before (as the HPA leaves new pods' metrics out for a
+    while); KV usage is a level, not a sum over requests, and counts at once."""
     if seen.replicas == 0 or seen.load <= 0:
         return None
-    readings = []
-    if seen.latency_p90_s is not None and floor_s is not None:
-        readings.append(latency_pressure(policy.shape, floor_s, seen.latency_p90_s, policy.latency_target_s))
+    latency = _latency_pressure(policy, floor_s, seen) if settled else None
+    readings = [] if latency is None else [latency]
     if policy.kv_usage_target is not None and seen.kv_usage is not None:
         readings.append(kv_pressure(seen.kv_usage, policy.kv_usage_target))
     return max(readings, default=None)
+
+
+def _latency_pressure(policy: ScalingPolicy, floor_s: float | None, seen: Observation) -> float | None:
+    """From the part of the latency that replicas change, where the nodes tell it apart.
+
+    A prompt's TTFT is its wait for a first step plus its own compute. Replicas shorten the wait only; the
+    compute is the prompt mix's. Read from the TTFT p90, an interval with a few long prompts (a night's
+    interval of 80 requests has its p90 set by its 8 longest) looks overloaded however many replicas idle,
+    and the capacity learnt from it falls with every replica added. So where the nodes report both, the
+    latency is the mix's usual compute p90 (over everything they have computed, steady where one interval's
+    is not) plus this interval's wait p90: the TTFT p90 the usual mix would show behind this interval's
+    queue, which only the load per replica moves. It stays the queueing shape's (M/M/1's response time is
+    the compute plus the wait), with that compute as its floor."""
+    if policy.shape == "queueing" and seen.compute_p90_s is not None:
+        if seen.queue_p90_s is None:
+            return None  # no prompt finished its prefill in the interval
+        latency_s = seen.compute_p90_s + seen.queue_p90_s
+        return latency_pressure("queueing", seen.compute_p90_s, latency_s, policy.latency_target_s)
+    if seen.latency_p90_s is None or floor_s is None:
+        return None
+    return latency_pressure(policy.shape, floor_s, seen.latency_p90_s, policy.latency_target_s)
 
 
 def _recommend(policy: ScalingPolicy, current: int, seen: Observation, expected: float,
