@@ -192,10 +192,13 @@ def test_a_wait_past_what_the_target_leaves_scales_prefill_up():
     assert decision.replicas == 8 and decision.state.missed == (100.0, 4)
 
 
-def test_the_capacity_is_learnt_from_the_wait():
-    # 0.5 s of wait on 0.25 s of compute is utilization 2/3 in the queueing shape; the target's is 3/4
-    decision = plan(PREFILL, PlannerState.fresh(4, 0.0), _waited(30, 4, 0.5))
-    assert decision.state.capacity == pytest.approx(100.0 / 4 / ((2 / 3) / 0.75))
+def test_the_capacity_is_learnt_from_a_wait_at_or_over_the_target_only():
+    """A pool's wait below the target bounds the load without measuring it: 0.5 s (M/M/1 would read
+    utilization 2/3 of the target's 3/4) teaches nothing; 1 s (1.25 s of TTFT p90, 1.25x the target) does."""
+    below = plan(PREFILL, PlannerState.fresh(4, 0.0), _waited(30, 4, 0.5))
+    assert below.state.capacity is None and below.replicas == 4
+    over = plan(PREFILL, below.state, _waited(60, 4, 1.0))
+    assert over.state.capacity == pytest.approx(100.0 / 4 / 1.25)
 
 
 def test_the_backlog_new_replicas_inherit_is_not_read_as_theirs():
@@ -215,3 +218,18 @@ maxReplicas, 10)."""
     assert counts == [8, 8] and state.missed[1] == 4
     decision = plan(PREFILL, state, _waited(180, 8, 3.0, load=200.0))  # the 8's own wait: short too
     assert decision.replicas == PREFILL.max_replicas
+
+
+def test_a_backlog_deeper_than_an_interval_is_waited_out_as_long_as_it_is_deep():
+    """Prompts that end after 45 s of wait arrived before the 8 served: their wait speaks for the 8 only
+    once the 8 have served 45 s before the interval began (from 120 s, the first interval showing them)."""
+    state = plan(PREFILL, PlannerState.fresh(4, 0.0), _waited(30, 4, 0.0)).state
+    state = plan(PREFILL, state, _waited(60, 4, 2.0, load=200.0)).state  # asks for 8
+    state = plan(PREFILL, state, _waited(90, 4, 45.0, load=200.0)).state
+    counts = []
+    for at in (120, 150, 180, 210):
+        decision = plan(PREFILL, state, _waited(at, 8, 45.0, load=200.0))
+        state = decision.state
+        counts.append(decision.replicas)
+    # 210 s: the interval began at 180, 60 s after the 8 were first seen, more than the 45.25 s its p90 took
+    assert counts == [8, 8, 8, PREFILL.max_replicas]
