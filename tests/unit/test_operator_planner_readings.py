@@ -106,6 +106,8 @@ def test_a_node_restarted_under_its_name_counts_from_its_restart():
     for _ in range(10):
         node.observe_ttft("queue", 30.0)
     before = _phases([node])
+    # the node's buckets reach past 30 s (a CPU prompt's wait runs tens of seconds): 30 s lies in (20, 40]
+    assert before.queue_p90_s(PrefillPhases()) == pytest.approx(20.0 + 20.0 * 9 / 10)
     restarted = NodeMetrics("prefill", "prefill-0")
     restarted.observe_ttft("queue", 3.0)
     assert 2.5 < _phases([restarted]).queue_p90_s(before) <= 5.0
