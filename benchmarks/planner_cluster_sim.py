@@ -13,8 +13,10 @@ Not kvferry's nodes (a model of them, named so), driven by the costs measured on
 - replicas: a new one serves `startup_s` after it was asked for; a removed one takes no new work and leaves
   once its work is done (a decode pod's drain); node-seconds run from asking to leaving.
 What the operator's planner would scrape comes out as the router's counters (RouterTotals, with the
-router's own histogram buckets) and each role's gauges (NodeGauges), so readings.py turns them into
-Observations exactly as it turns real scrapes into them.
+router's own histogram buckets), each role's gauges (NodeGauges) and each prefill replica's TTFT phases
+(PrefillPhases: its prompts' wait for their first step and their compute, with the node's own buckets,
+observed when the prefill ends as the node observes them), so readings.py turns them into Observations
+exactly as it turns real scrapes into them.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from dataclasses import dataclass, field
 import numpy
 
 from benchmarks.planner_service_times import ServiceTimes
-from kvferry.operator.planner.readings import Buckets, NodeGauges, RouterTotals
+from kvferry.node.metrics import LATENCY_BUCKETS as NODE_LATENCY_BUCKETS
+from kvferry.operator.planner.readings import Buckets, NodeGauges, PrefillPhases, RouterTotals
 from kvferry.router.metrics import LATENCY_BUCKETS, TOKEN_GAP_BUCKETS
 
 ROLES = ("prefill", "decode")
@@ -73,6 +76,8 @@ class Replica:
 @dataclass(eq=False)
 class PrefillReplica(Replica):
     free_s: float = 0.0  # when its queue has emptied
+    queue: Histogram = field(default_factory=lambda: Histogram(NODE_LATENCY_BUCKETS))  # waits for a first step
+    compute: Histogram = field(default_factory=lambda: Histogram(NODE_LATENCY_BUCKETS))  # the prefills themselves
 
 
 @dataclass(eq=False)
@@ -161,6 +166,11 @@ class ClusterSim:
     def router_totals(self) -> RouterTotals:
         return RouterTotals(self._ttft.cumulative(), self._gaps.cumulative(), self._prompt_tokens, 0.0)
 
+    def prefill_phases(self) -> PrefillPhases:
+        serving = self.serving("prefill")
+        return PrefillPhases({r.name: r.queue.cumulative() for r in serving},  # type: ignore[attr-defined]
+                             {r.name: r.compute.cumulative() for r in serving})  # type: ignore[attr-defined]
+
     def gauges(self, role: str) -> NodeGauges:
         serving = self.serving(role)
         if role == "prefill":
@@ -199,7 +209,7 @@ class ClusterSim:
 
     def _handle(self, kind: str, payload: object) -> None:
         if kind == "prefilled":
-            self._prefilled(payload)  # type: ignore[arg-type]
+            self._prefilled(*payload)  # type: ignore[misc]
         elif kind == "ready":
             self._admit()
         else:
@@ -220,13 +230,16 @@ class ClusterSim:
             starting = [r for r in self.replicas["prefill"].values() if not r.draining]
             replica = min(starting, key=lambda r: r.free_s)  # type: ignore[assignment, attr-defined]
             replica.free_s += self._prefill_s[request.prompt_tokens]
-        self._push(replica.free_s, "prefilled", index)
+        self._push(replica.free_s, "prefilled", (index, replica))
 
-    def _prefilled(self, index: int) -> None:
+    def _prefilled(self, index: int, replica: PrefillReplica) -> None:
         request = self.requests[index]
         ttft = self.now_s - request.arrival_s
         self.ttft_s[index] = ttft
         self._ttft.observe(ttft)
+        compute = self._prefill_s[request.prompt_tokens]
+        replica.compute.observe(compute)
+        replica.queue.observe(max(0.0, ttft - compute))
         if request.output_tokens <= 1:
             self.mean_gap_s[index] = 0.0  # its one token came with the prefill
             return

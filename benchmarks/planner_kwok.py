@@ -7,7 +7,7 @@ start as tests/e2e/test_kubernetes_autoscaling.py starts them; an InferenceClust
 and decode is applied. This process then drives an Autoscaler (operator/autoscaler.py) of its own, once an
 interval of simulated time, with a fake clock and a `fetch` that answers each pod's /metrics URL with
 Prometheus text made from the simulated cluster (planner_cluster_sim.py): the router's histograms and
-counters, and each node pod's gauges. The simulated cluster has one replica per pod the API shows: a pod that
+counters, each node pod's gauges, and each prefill pod's TTFT phase histograms (queue, prefill). The simulated cluster has one replica per pod the API shows: a pod that
 appears starts serving `--startup-s` later (until then its /metrics does not answer), a pod deleted drains.
 The workload, the costs (the service times planner_trace measured, read from its result) and the targets are
 planner_trace's. Recorded per interval: the planner's decision (status.autoscaling), the pods of each role
@@ -38,7 +38,14 @@ from benchmarks.harness.cli import benchmark_parser, output_dir
 from benchmarks.harness.plot import save_plot
 from benchmarks.harness.processes import wait_until
 from benchmarks.harness.results import RESULTS, new_result, params_of, write_result
-from benchmarks.planner_cluster_sim import ROLES, ClusterSim, DecodeReplica, Slo, attainment_by_interval
+from benchmarks.planner_cluster_sim import (
+    ROLES,
+    ClusterSim,
+    DecodeReplica,
+    PrefillReplica,
+    Slo,
+    attainment_by_interval,
+)
 from benchmarks.planner_service_times import ServiceTimes
 from benchmarks.planner_trace import add_cluster_arguments, outcome
 from benchmarks.planner_workload import diurnal_requests
@@ -46,7 +53,16 @@ from kvferry.operator.autoscaler import Autoscaler
 from kvferry.operator.connection import load_configuration
 from kvferry.operator.kube import Kube
 from kvferry.operator.naming import API_VERSION, CLUSTER_LABEL, KIND, ROLE_LABEL
-from kvferry.operator.planner.readings import KV_USAGE, PROMPT_TOKENS, RUNNING, TOKEN_GAP, TTFT, RouterTotals
+from kvferry.operator.planner.readings import (
+    KV_USAGE,
+    PROMPT_TOKENS,
+    RUNNING,
+    TOKEN_GAP,
+    TTFT,
+    TTFT_PHASE,
+    Buckets,
+    RouterTotals,
+)
 from kvferry.operator.reconcile import ReconcileSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,19 +96,30 @@ def router_text(totals: RouterTotals, share: float) -> str:
     return generate_latest(registry).decode()
 
 
-def node_text(running: float, kv_usage: float | None) -> str:
+def node_text(role: str, name: str, running: float, kv_usage: float | None,
+              phases: dict[str, Buckets] | None = None) -> str:
+    """One node's /metrics as the planner reads it: its gauges, and a prefill node's TTFT phases (`queue`,
+    `prefill`), labelled with the node's role and name as NodeMetrics labels them."""
     registry = CollectorRegistry()
     families = [GaugeMetricFamily(RUNNING, "Requests running", value=running)]
     if kv_usage is not None:
         families.append(GaugeMetricFamily(KV_USAGE, "KV blocks in use", value=kv_usage))
+    if phases:
+        family = HistogramMetricFamily(TTFT_PHASE, "Time to first token, by phase", labels=["role", "node", "phase"])
+        for phase, buckets in phases.items():
+            family.add_metric([role, name, phase], _bucket_samples(buckets, 1.0), None)
+        families.append(family)
     registry.register(_Fixed(families))
     return generate_latest(registry).decode()
 
 
 def _histogram(name: str, buckets: dict[float, float], share: float) -> HistogramMetricFamily:
     # no _sum: nothing reads it, and the simulation does not keep one
-    return HistogramMetricFamily(name, name, buckets=[(floatToGoString(bound), count * share)
-                                                      for bound, count in sorted(buckets.items())])
+    return HistogramMetricFamily(name, name, buckets=_bucket_samples(buckets, share))
+
+
+def _bucket_samples(buckets: Buckets, share: float) -> list[tuple[str, float]]:
+    return [(floatToGoString(bound), count * share) for bound, count in sorted(buckets.items())]
 
 
 class _Fixed:
@@ -148,9 +175,10 @@ class SimulatedPods:
             elif role in ROLES and self.sim.replicas[role][name].serving(self.sim.now_s):
                 replica = self.sim.replicas[role][name]
                 if isinstance(replica, DecodeReplica):
-                    texts.append(node_text(len(replica.streams), self.sim.kv_usage(replica)))
-                else:
-                    texts.append(node_text(0.0, None))
+                    texts.append(node_text(role, name, len(replica.streams), self.sim.kv_usage(replica)))
+                elif isinstance(replica, PrefillReplica):
+                    texts.append(node_text(role, name, 0.0, None, {"queue": replica.queue.cumulative(),
+                                                                   "prefill": replica.compute.cumulative()}))
         return texts
 
 

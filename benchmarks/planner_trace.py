@@ -133,13 +133,14 @@ def run_planner(requests: list[Request], times: ServiceTimes, args: argparse.Nam
     rules = policies(args)
     states = {role: PlannerState.fresh(count, 0.0) for role, count in asked.items()}
     arrivals = [request.arrival_s for request in sim.requests]
-    before, timeline, arrived = sim.router_totals(), [], 0
+    before, phases_before, timeline, arrived = sim.router_totals(), sim.prefill_phases(), [], 0
     for number in range(1, int(day_s / args.interval_s) + 1):
         now = number * args.interval_s
         sim.run_until(now)
         after = sim.router_totals()
-        gauges = {role: sim.gauges(role) for role in ROLES}
-        seen = {"prefill": prefill_observation(now, args.interval_s, before, after, gauges["prefill"]),
+        gauges, phases = {role: sim.gauges(role) for role in ROLES}, sim.prefill_phases()
+        seen = {"prefill": prefill_observation(now, args.interval_s, before, after, gauges["prefill"],
+                                               phases_before, phases),
                 "decode": decode_observation(now, before, after, gauges["decode"])}
         for role in ROLES:
             # as the autoscaler does: the count in force is the one decided last
@@ -155,7 +156,7 @@ def run_planner(requests: list[Request], times: ServiceTimes, args: argparse.Nam
                                  seen["decode"].load, seen["prefill"].latency_p90_s, seen["decode"].latency_p90_s,
                                  seen["decode"].kv_usage, {role: gauges[role].replicas for role in ROLES},
                                  dict(asked), None))
-        before, arrived = after, now_arrived
+        before, phases_before, arrived = after, phases, now_arrived
     sim.run_until(math.inf)  # the day's last requests finish on what is there
     shares = attainment_by_interval(sim, slo, args.interval_s, len(timeline))
     return sim, [replace(interval, attainment=share) for interval, share in zip(timeline, shares, strict=True)]

@@ -29,6 +29,7 @@ from kvferry.operator.naming import API_VERSION, CLUSTER_LABEL, KIND, MANAGED_BY
 from kvferry.operator.planner.plan import Decision, PlannerState, plan
 from kvferry.operator.planner.readings import (
     NodeGauges,
+    PrefillPhases,
     RouterTotals,
     decode_observation,
     prefill_observation,
@@ -67,6 +68,7 @@ def fetch_metrics(urls: list[str]) -> list[str]:
 @dataclass
 class _ClusterMemory:
     totals: RouterTotals
+    phases: PrefillPhases
     at_s: float
     states: dict[str, PlannerState] = field(default_factory=dict)
 
@@ -101,9 +103,9 @@ class Autoscaler:
 
     def _interval(self, ref: ClusterRef, body: Mapping[str, Any], spec: InferenceClusterSpec) -> None:
         texts = {role: self._fetch(self._metrics_urls(ref, role)) for role in ("router", *AUTOSCALED_ROLES)}
-        now, totals = self._clock(), RouterTotals.of(texts["router"])
+        now, totals, phases = self._clock(), RouterTotals.of(texts["router"]), PrefillPhases.of(texts["prefill"])
         last = self._memory.get(ref.uid)
-        memory = self._memory[ref.uid] = _ClusterMemory(totals, now, last.states if last else {})
+        memory = self._memory[ref.uid] = _ClusterMemory(totals, phases, now, last.states if last else {})
         if last is None or now <= last.at_s:
             return  # the first scrape bounds no interval yet
         counts = desired_replicas(spec, decided_counts(body.get("status")))
@@ -114,7 +116,8 @@ class Autoscaler:
                 memory.states.pop(role, None)
                 continue
             gauges = NodeGauges.of(texts[role])
-            seen = (prefill_observation(now, now - last.at_s, last.totals, totals, gauges) if role == "prefill"
+            seen = (prefill_observation(now, now - last.at_s, last.totals, totals, gauges, last.phases, phases)
+                    if role == "prefill"
                     else decode_observation(now, last.totals, totals, gauges))
             # the count in force is the truth (a spec's bounds may have moved it since the last decision)
             count = counts[role]

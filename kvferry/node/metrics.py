@@ -13,7 +13,9 @@ import asyncio
 import anyio.from_thread
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# Up to 80 s, as the router's TTFT: a prompt's queue and prefill on a CPU run tens of seconds, and the
+# autoscaler reads the queue phase's p90 (operator/planner/readings.py), which a last bound of 30 s capped.
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0)
 TTFT_PHASES = ("queue", "prefill", "transfer", "first_decode")
 
 

@@ -17,6 +17,7 @@ from kvferry.operator.planner.forecast import LoadForecast
 from kvferry.operator.planner.pressure import LatencyShape, kv_pressure, latency_pressure, updated_floor
 
 INFORMATIVE_PRESSURE = 0.5  # below it, latency is too close to its floor to say what a replica can carry
+INFORMATIVE_WAIT_PRESSURE = 1.0  # the same for a pool's wait (_informative_from)
 OVERLOAD_PRESSURE = 1.5  # above it, a queue is growing: the latency says the role is short, not by how much
 CAPACITY_WEIGHT = 0.5  # of a new capacity reading in the one remembered
 SCALE_UP_STEP = 4  # a scale-up may add this many replicas, or double the role if that is more
@@ -45,6 +46,8 @@ class Observation:
     load: float  # the role's work: prefill, prompt tokens (or requests) per second; decode, requests running
     latency_p90_s: float | None  # None: nothing measured in the interval
     kv_usage: float | None = None  # decode: fraction of KV blocks in use, mean over the replicas
+    queue_p90_s: float | None = None  # prefill, where its nodes report it: the wait for a first step, p90
+    compute_p90_s: float | None = None  # prefill: a prompt's compute alone, p90 over all the nodes have done
 
 
 @dataclass(frozen=True)
@@ -59,10 +62,13 @@ class PlannerState:
     floor_s: float | None = None  # latency with no load in the way (pressure.py)
     recent: tuple[tuple[float, int], ...] = ()  # (time, recommended count) within the scale-down window
     missed: tuple[float, int] | None = None  # (load, ready replicas) of the last interval over the target
+    # the ready count and the first observation that showed it (-inf: the count the planner started with)
+    ready_since: tuple[int, float] = (0, -math.inf)
+    seen_at_s: float | None = None  # the last observation's time
 
     @classmethod
     def fresh(cls, replicas: int, at_s: float) -> PlannerState:
-        return cls(replicas=replicas, since_s=at_s)
+        return cls(replicas=replicas, since_s=at_s, ready_since=(replicas, -math.inf))
 
 
 @dataclass(frozen=True)
@@ -76,16 +82,19 @@ class Decision:
 def plan(policy: ScalingPolicy, state: PlannerState, seen: Observation) -> Decision:
     forecast = state.forecast.updated(seen.load) if state.forecast else LoadForecast.first(seen.load)
     floor_s = updated_floor(state.floor_s, seen.latency_p90_s)
-    pressure = _pressure(policy, floor_s, seen)
+    ready_since = state.ready_since if state.ready_since[0] == seen.replicas else (seen.replicas, seen.at_s)
+    interval_s = 0.0 if state.seen_at_s is None else seen.at_s - state.seen_at_s
+    pressure = _pressure(policy, floor_s, seen, seen.at_s - ready_since[1] - interval_s)
     capacity = state.capacity
-    if pressure is not None and INFORMATIVE_PRESSURE <= pressure <= OVERLOAD_PRESSURE:
+    informative = _informative_from(policy, seen)
+    if pressure is not None and informative <= pressure <= OVERLOAD_PRESSURE:
         reading = seen.load / seen.replicas / pressure
         capacity = reading if capacity is None else CAPACITY_WEIGHT * reading + (1 - CAPACITY_WEIGHT) * capacity
     expected = forecast.next_interval()
     missed = (seen.load, seen.replicas) if pressure is not None and pressure > 1 else state.missed
     if missed is not None and expected < missed[0] * (1 - policy.tolerance):
         missed = None  # the load has fallen below the one that count failed at
-    recommended, why = _recommend(policy, state.replicas, seen, expected, pressure, capacity)
+    recommended, why = _recommend(policy, state.replicas, seen, expected, pressure, capacity, informative)
     if missed is not None and recommended <= missed[1]:
         # a count that missed the target at this load is not tried again while the load stays: what keeps
         # an estimate's error from flapping the role around the count it needs
@@ -93,27 +102,74 @@ def plan(policy: ScalingPolicy, state: PlannerState, seen: Observation) -> Decis
         why += f"; {missed[1]} missed the target at load {missed[0]:.3g}"
     recent = tuple(entry for entry in state.recent if entry[0] > seen.at_s - policy.scale_down_window_s)
     recent += ((seen.at_s, recommended),)
-    state = replace(state, forecast=forecast, capacity=capacity, floor_s=floor_s, recent=recent, missed=missed)
+    state = replace(state, forecast=forecast, capacity=capacity, floor_s=floor_s, recent=recent, missed=missed,
+                    ready_since=ready_since, seen_at_s=seen.at_s)
     replicas, action = _apply(policy, state, seen.at_s, recommended)
     if replicas != state.replicas:
         state = replace(state, replicas=replicas, changed_at_s=seen.at_s)
     return Decision(replicas, recommended, f"{action}: {why}", state)
 
 
-def _pressure(policy: ScalingPolicy, floor_s: float | None, seen: Observation) -> float | None:
-    """None when the interval says nothing about how full the role is."""
+def _pressure(policy: ScalingPolicy, floor_s: float | None, seen: Observation, served_before_s: float) -> float | None:
+    """None when the interval says nothing about how full the role is.
+
+    Latency is counted when a request ends, so the intervals just after new replicas start still show the
+    queue the fewer replicas built: read as the new count's, that backlog doubled a count that already
+    sufficed and then kept it (`missed`). A request that ended in the interval with latency L arrived at
+    most L before the interval began; so the interval's p90 speaks for the ready count only when the count
+    has served (from the observation that first showed it) at least that long before the interval began,
+    `served_before_s`. A deep backlog is thus waited out as long as it is deep, as Kubernetes' HPA leaves
+    new pods' metrics out for a while. KV usage is a level, not a sum over requests, and counts at once."""
     if seen.replicas == 0 or seen.load <= 0:
         return None
     readings = []
-    if seen.latency_p90_s is not None and floor_s is not None:
-        readings.append(latency_pressure(policy.shape, floor_s, seen.latency_p90_s, policy.latency_target_s))
+    if (latency := _latency(policy, floor_s, seen)) is not None:
+        shape, floor, latency_s = latency
+        if latency_s <= served_before_s:
+            readings.append(latency_pressure(shape, floor, latency_s, policy.latency_target_s))
     if policy.kv_usage_target is not None and seen.kv_usage is not None:
         readings.append(kv_pressure(seen.kv_usage, policy.kv_usage_target))
     return max(readings, default=None)
 
 
+def _latency(policy: ScalingPolicy, floor_s: float | None,
+             seen: Observation) -> tuple[LatencyShape, float, float] | None:
+    """(shape, floor, latency) of the part of the latency that replicas change, where the nodes tell it apart.
+
+    A prompt's TTFT is its wait for a first step plus its own compute. Replicas shorten the wait only; the
+    compute is the prompt mix's. Read from the TTFT p90, an interval with a few long prompts (a night's
+    interval of 80 requests has its p90 set by its 8 longest) looks overloaded however many replicas idle,
+    and the capacity learnt from it falls with every replica added. So where the nodes report both, the
+    latency is the mix's usual compute p90 (over everything they have computed, steady where one interval's
+    is not) plus this interval's wait p90: the TTFT p90 the usual mix would show behind this interval's
+    queue, which only the load per replica moves. It stays the queueing shape's (M/M/1's response time is
+    the compute plus the wait), with that compute as its floor."""
+    if _reads_the_wait(policy, seen):
+        if seen.queue_p90_s is None:
+            return None  # no prompt finished its prefill in the interval
+        return "queueing", seen.compute_p90_s, seen.compute_p90_s + seen.queue_p90_s
+    if seen.latency_p90_s is None or floor_s is None:
+        return None
+    return policy.shape, floor_s, seen.latency_p90_s
+
+
+def _reads_the_wait(policy: ScalingPolicy, seen: Observation) -> bool:
+    return policy.shape == "queueing" and seen.compute_p90_s is not None
+
+
+def _informative_from(policy: ScalingPolicy, seen: Observation) -> float:
+    """The lowest pressure that says what a replica can carry. A pool's wait is read only from the target
+    up: the prefill nodes are one queue before many servers (the router sends a prompt where the queue
+    empties first), and such a queue's wait stays near zero until close to saturation (Erlang C: its p90 is
+    0 while fewer than a tenth of the prompts wait), so below the target it bounds the load per replica
+    without measuring it. Read through the M/M/1 shape, such a wait said less load than the pool carried,
+    and the capacity learnt from it (150-230 prompt tokens/s per replica where a fixed pool carried about
+    120, in planner_trace) took the count down until the queue came back."""
+    return INFORMATIVE_WAIT_PRESSURE if _reads_the_wait(policy, seen) else INFORMATIVE_PRESSURE
+
+
 def _recommend(policy: ScalingPolicy, current: int, seen: Observation, expected: float,
-               pressure: float | None, capacity: float | None) -> tuple[int, str]:
+               pressure: float | None, capacity: float | None, informative: float) -> tuple[int, str]:
     if seen.load <= 0 and expected <= 0:
         return policy.min_replicas, "no load"
     said = f"load {seen.load:.3g} -> {expected:.3g} expected"
@@ -130,7 +186,7 @@ def _recommend(policy: ScalingPolicy, current: int, seen: Observation, expected:
         return current, said
     if needed < current:  # fewer replicas: with the tolerance as headroom, since the capacity is an estimate
         return max(policy.min_replicas, min(current, math.ceil(needed * (1 + policy.tolerance)))), said
-    if pressure is not None and pressure < INFORMATIVE_PRESSURE:
+    if pressure is not None and pressure < informative:
         # well under its targets now: a capacity learnt under other conditions does not argue for more
         return current, said
     cap = max(2 * current, current + SCALE_UP_STEP)

@@ -6,6 +6,13 @@ for decode), summed over every router replica and differenced over the interval,
 Prometheus' histogram_quantile reads it (linear within the bucket). Prefill's load is the prompt tokens
 the prefill nodes had to compute per second (routed minus those the prefix index said were cached);
 decode's, the requests its nodes are running at the end of the interval.
+
+Prefill's pressure is read from the prefill nodes' own TTFT phases where they report them
+(`kvferry:ttft_phase_seconds`): the p90 of the interval's `queue` phase (a prompt's wait for its first
+step, the part of TTFT that more replicas shorten) and the p90 of the `prefill` phase over everything the
+serving nodes have computed (what a prompt costs alone: the prompt mix, which replicas do not change).
+Each node's histograms are differenced by its own `node` label, as Prometheus' rate() takes each series
+alone: nodes come and go between two scrapes, and a sum over a changing set is no counter.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ PROMPT_TOKENS = "kvferry:prompt_tokens"
 PREFIX_HIT_TOKENS = "kvferry:prefix_hit_tokens"
 RUNNING = "kvferry:num_requests_running"
 KV_USAGE = "kvferry:kv_cache_usage_perc"
+TTFT_PHASE = "kvferry:ttft_phase_seconds"
 QUANTILE = 0.9
 
 Buckets = dict[float, float]  # upper bound -> cumulative count
@@ -78,6 +86,47 @@ class NodeGauges:
         return cls(len(scrapes), running, sum(usages) / len(usages) if usages else None)
 
 
+@dataclass(frozen=True)
+class PrefillPhases:
+    """The prefill nodes' `queue` and `prefill` phase histograms at one moment, by node name."""
+
+    queue: dict[str, Buckets] = field(default_factory=dict)
+    compute: dict[str, Buckets] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, scrapes: Iterable[str]) -> PrefillPhases:
+        phases: dict[str, dict[str, Buckets]] = {"queue": {}, "prefill": {}}
+        for text in scrapes:
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == f"{TTFT_PHASE}_bucket" and sample.labels.get("phase") in phases:
+                        node = phases[sample.labels["phase"]].setdefault(sample.labels.get("node", ""), {})
+                        _add(node, sample.labels["le"], sample.value)
+        return cls(phases["queue"], phases["prefill"])
+
+    def queue_p90_s(self, before: PrefillPhases) -> float | None:
+        """The interval's wait p90: each node's histogram since `before` (a node new since then, all of it)."""
+        return quantile({}, _summed(_since(before.queue.get(node, {}), buckets) for node, buckets in self.queue.items()))
+
+    def compute_p90_s(self) -> float | None:
+        """The p90 of every prompt the nodes have computed since they started."""
+        return quantile({}, _summed(self.compute.values()))
+
+
+def _since(before: Buckets, after: Buckets) -> Buckets:
+    if any(after.get(bound, 0.0) < count for bound, count in before.items()):
+        return after  # the counter went back: the node restarted under the same name, all of it is new
+    return {bound: count - before.get(bound, 0.0) for bound, count in after.items()}
+
+
+def _summed(histograms: Iterable[Buckets]) -> Buckets:
+    total: Buckets = {}
+    for buckets in histograms:
+        for bound, count in buckets.items():
+            total[bound] = total.get(bound, 0.0) + count
+    return total
+
+
 def _add(buckets: Buckets, bound: str, count: float) -> None:
     key = float(bound)
     buckets[key] = buckets.get(key, 0.0) + count
@@ -104,10 +153,15 @@ def quantile(before: Buckets, after: Buckets, q: float = QUANTILE) -> float | No
 
 
 def prefill_observation(at_s: float, seconds: float, before: RouterTotals, after: RouterTotals,
-                        prefill: NodeGauges) -> Observation:
+                        prefill: NodeGauges, phases_before: PrefillPhases | None = None,
+                        phases_after: PrefillPhases | None = None) -> Observation:
+    """Without the nodes' phases (none given, or nodes that report none) the planner reads the TTFT alone."""
     computed = (after.prompt_tokens - after.prefix_hit_tokens) - (before.prompt_tokens - before.prefix_hit_tokens)
+    phases_after = phases_after or PrefillPhases()
     return Observation(at_s=at_s, replicas=prefill.replicas, load=max(0.0, computed) / seconds,
-                       latency_p90_s=quantile(before.ttft, after.ttft))
+                       latency_p90_s=quantile(before.ttft, after.ttft),
+                       queue_p90_s=phases_after.queue_p90_s(phases_before or PrefillPhases()),
+                       compute_p90_s=phases_after.compute_p90_s())
 
 
 def decode_observation(at_s: float, before: RouterTotals, after: RouterTotals, decode: NodeGauges) -> Observation:

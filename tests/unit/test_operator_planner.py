@@ -167,3 +167,69 @@ def test_a_noisy_steady_load_does_not_move_the_count():
     settled = [i.asked for i in timeline if i.at_s >= 1800]
     assert len(set(settled)) == 1, settled
     assert sum(i.met for i in timeline if i.at_s >= 1800) / len(settled) >= 0.95
+
+
+def _waited(at: float, replicas: int, queue: float, ttft: float = 0.5, load: float = 100.0) -> Observation:
+    """A prefill interval as its nodes report it: prompts that cost 0.25 s alone (p90), `queue` s of wait."""
+    return Observation(at_s=at, replicas=replicas, load=load, latency_p90_s=ttft, queue_p90_s=queue,
+                       compute_p90_s=0.25)
+
+
+def test_prompts_slow_on_their_own_are_no_overload_when_nothing_waited():
+    """An interval whose few prompts were long (TTFT p90 twice the target) while no prompt waited: no
+    replica would have helped, so the count stays; read from the TTFT alone, it doubles."""
+    state = plan(PREFILL, PlannerState.fresh(4, 0.0), _waited(30, 4, 0.0, ttft=0.3)).state
+    decision = plan(PREFILL, state, _waited(60, 4, 0.0, ttft=2.0))
+    assert decision.replicas == 4 and decision.state.missed is None
+    from_ttft = plan(PREFILL, state, _seen(60, 4, 100.0, 2.0))
+    assert from_ttft.replicas == 8
+
+
+def test_a_wait_past_what_the_target_leaves_scales_prefill_up():
+    # prompts cost 0.25 s alone, the target is 1 s: 0.75 s of wait is the target; 2 s is 2.25x it
+    state = plan(PREFILL, PlannerState.fresh(4, 0.0), _waited(30, 4, 0.0)).state
+    decision = plan(PREFILL, state, _waited(60, 4, 2.0))
+    assert decision.replicas == 8 and decision.state.missed == (100.0, 4)
+
+
+def test_the_capacity_is_learnt_from_a_wait_at_or_over_the_target_only():
+    """A pool's wait below the target bounds the load without measuring it: 0.5 s (M/M/1 would read
+    utilization 2/3 of the target's 3/4) teaches nothing; 1 s (1.25 s of TTFT p90, 1.25x the target) does."""
+    below = plan(PREFILL, PlannerState.fresh(4, 0.0), _waited(30, 4, 0.5))
+    assert below.state.capacity is None and below.replicas == 4
+    over = plan(PREFILL, below.state, _waited(60, 4, 1.0))
+    assert over.state.capacity == pytest.approx(100.0 / 4 / 1.25)
+
+
+def test_the_backlog_new_replicas_inherit_is_not_read_as_theirs():
+    """4 replicas fall behind and the planner asks for 8; in the first intervals the 8 serve, the prompts
+    that queued behind the 4 still end with long waits. Read as the 8's, that doubled the role to 16; the
+    8's own latency counts once they have served two intervals, and then a real shortfall scales up (to
+maxReplicas, 10)."""
+    state = plan(PREFILL, PlannerState.fresh(4, 0.0), _waited(30, 4, 0.0)).state
+    decision = plan(PREFILL, state, _waited(60, 4, 2.0, load=200.0))
+    assert decision.replicas == 8
+    state = plan(PREFILL, decision.state, _waited(90, 4, 3.0, load=200.0)).state  # the 4 new ones are starting
+    counts = []
+    for at in (120, 150):  # the 8 serve; the waits that end are the backlog's
+        decision = plan(PREFILL, state, _waited(at, 8, 3.0, load=200.0))
+        state = decision.state
+        counts.append(decision.replicas)
+    assert counts == [8, 8] and state.missed[1] == 4
+    decision = plan(PREFILL, state, _waited(180, 8, 3.0, load=200.0))  # the 8's own wait: short too
+    assert decision.replicas == PREFILL.max_replicas
+
+
+def test_a_backlog_deeper_than_an_interval_is_waited_out_as_long_as_it_is_deep():
+    """Prompts that end after 45 s of wait arrived before the 8 served: their wait speaks for the 8 only
+    once the 8 have served 45 s before the interval began (from 120 s, the first interval showing them)."""
+    state = plan(PREFILL, PlannerState.fresh(4, 0.0), _waited(30, 4, 0.0)).state
+    state = plan(PREFILL, state, _waited(60, 4, 2.0, load=200.0)).state  # asks for 8
+    state = plan(PREFILL, state, _waited(90, 4, 45.0, load=200.0)).state
+    counts = []
+    for at in (120, 150, 180, 210):
+        decision = plan(PREFILL, state, _waited(at, 8, 45.0, load=200.0))
+        state = decision.state
+        counts.append(decision.replicas)
+    # 210 s: the interval began at 180, 60 s after the 8 were first seen, more than the 45.25 s its p90 took
+    assert counts == [8, 8, 8, PREFILL.max_replicas]

@@ -9,6 +9,7 @@ from prometheus_client import generate_latest
 from kvferry.node.metrics import NodeMetrics
 from kvferry.operator.planner.readings import (
     NodeGauges,
+    PrefillPhases,
     RouterTotals,
     decode_observation,
     prefill_observation,
@@ -70,3 +71,48 @@ def test_decode_reading_takes_running_streams_and_mean_kv_usage_from_the_nodes()
     assert (seen.replicas, seen.load) == (2, 20.0)
     assert seen.kv_usage == pytest.approx(0.4)
     assert 0.015 < seen.latency_p90_s <= 0.02  # the gaps' 90th is one of the 0.02 ones, in (0.015, 0.02]
+
+
+def _phases(nodes: list[NodeMetrics]) -> PrefillPhases:
+    return PrefillPhases.of(generate_latest(node.registry).decode() for node in nodes)
+
+
+def test_prefill_waits_are_read_per_node_over_the_interval_and_compute_over_everything():
+    """The queue phase is differenced node by node (a node new in the interval counts whole, one gone
+    counts not at all: a sum over the nodes would go back when one leaves); the prefill phase is all of it."""
+    old, staying, new = (NodeMetrics("prefill", name) for name in ("prefill-0", "prefill-1", "prefill-2"))
+    for node in (old, staying):
+        for _ in range(10):
+            node.observe_ttft("queue", 30.0)  # a long backlog, before the interval
+            node.observe_ttft("prefill", 0.3)
+    before = _phases([old, staying])
+    for _ in range(9):
+        staying.observe_ttft("queue", 0.0)
+        new.observe_ttft("queue", 0.0)
+    staying.observe_ttft("queue", 3.0)
+    new.observe_ttft("queue", 3.0)
+    new.observe_ttft("prefill", 8.0)
+    after = _phases([staying, new])  # prefill-0 was removed
+    # 20 waits in the interval, 18 of them none: the 18th is the last in (0, 0.001]
+    assert after.queue_p90_s(before) == pytest.approx(0.001)
+    # 11 prompts computed by the nodes there now: 10 at 0.3 s (in (0.25, 0.5]), one at 8 s
+    assert after.compute_p90_s() == pytest.approx(0.25 + 0.25 * 9.9 / 10)
+    seen = prefill_observation(60.0, 30.0, RouterTotals(), RouterTotals(), NodeGauges(2, 0.0, None), before, after)
+    assert (seen.queue_p90_s, seen.compute_p90_s) == (after.queue_p90_s(before), after.compute_p90_s())
+
+
+def test_a_node_restarted_under_its_name_counts_from_its_restart():
+    node = NodeMetrics("prefill", "prefill-0")
+    for _ in range(10):
+        node.observe_ttft("queue", 30.0)
+    before = _phases([node])
+    # the node's buckets reach past 30 s (a CPU prompt's wait runs tens of seconds): 30 s lies in (20, 40]
+    assert before.queue_p90_s(PrefillPhases()) == pytest.approx(20.0 + 20.0 * 9 / 10)
+    restarted = NodeMetrics("prefill", "prefill-0")
+    restarted.observe_ttft("queue", 3.0)
+    assert 2.5 < _phases([restarted]).queue_p90_s(before) <= 5.0
+
+
+def test_without_the_nodes_phases_prefill_reads_the_ttft_alone():
+    seen = prefill_observation(60.0, 30.0, RouterTotals(), RouterTotals(), NodeGauges(1, 0.0, None))
+    assert (seen.queue_p90_s, seen.compute_p90_s) == (None, None)

@@ -9,7 +9,7 @@ import math
 import pytest
 from support.benchmarks_package import import_benchmark
 
-from kvferry.operator.planner.readings import NodeGauges, RouterTotals
+from kvferry.operator.planner.readings import NodeGauges, PrefillPhases, RouterTotals
 
 sim_module = import_benchmark("planner_cluster_sim")
 service_times = import_benchmark("planner_service_times")
@@ -111,5 +111,22 @@ def test_the_pods_texts_read_back_as_the_simulated_cluster():
     sim.run_until(2.5)
     totals = sim.router_totals()
     assert RouterTotals.of([kwok.router_text(totals, 0.5)] * 2) == totals
-    gauges = NodeGauges.of([kwok.node_text(3, 0.25), kwok.node_text(1, 0.75)])
+    gauges = NodeGauges.of([kwok.node_text("decode", "d0", 3, 0.25), kwok.node_text("decode", "d1", 1, 0.75)])
     assert (gauges.replicas, gauges.running, gauges.kv_usage) == (2, 4.0, 0.5)
+    prefill = sim.replicas["prefill"]["p0"]
+    text = kwok.node_text("prefill", "p0", 0.0, None, {"queue": prefill.queue.cumulative(),
+                                                         "prefill": prefill.compute.cumulative()})
+    assert PrefillPhases.of([text]) == sim.prefill_phases()
+
+
+def test_a_prefill_replica_observes_each_prompts_wait_and_compute_when_its_prefill_ends():
+    """A waits for nothing and computes 1 s; B arrives at 0.5 s and waits behind A until 1 s: the node's
+    queue phase holds 0 and 0.5 s, its prefill phase 1 s twice, as a prefill node observes them."""
+    sim = one_of_each(LINEAR, TWO)
+    sim.run_until(1.5)
+    assert sim.prefill_phases().queue_p90_s(PrefillPhases()) < 0.001  # only A has ended: it did not wait
+    sim.run_until(2.5)
+    phases = sim.prefill_phases()
+    queue = phases.queue["p0"]
+    assert (queue[0.001], queue[0.5], queue[math.inf]) == (1.0, 2.0, 2.0)  # 0 s and 0.5 s (on its bound)
+    assert phases.compute["p0"][1.0] == 2.0 and phases.compute["p0"][0.5] == 0.0
