@@ -15,17 +15,23 @@ when the operator renders it, not a pod that ignores it. Who reads each field:
 | `discovery.*` | - | Kubernetes discovery: namespace, selectors, the nodes' port |
 
 What differs per pod (its name and address) is not in it: the operator passes the pod's name and IP from
-the downward API as flags. Flags override the file on every role.
+the downward API as flags. Flags override the file on every role. Nor is a Redis password (a ConfigMap is
+no place for one): pods get it in `KVFERRY_REDIS_PASSWORD` from a Secret, and `load_cluster_config` puts
+it into `redis.url`.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
+
+from kvferry.redis_password import REDIS_PASSWORD_ENV, with_password
 
 NodeRole = Literal["prefill", "decode"]
 
@@ -80,14 +86,19 @@ class ClusterConfigError(ValueError):
     file and each field."""
 
 
-def load_cluster_config(path: str | Path) -> ClusterConfig:
+def load_cluster_config(path: str | Path, environ: Mapping[str, str] = os.environ) -> ClusterConfig:
+    """The file's config, its Redis URL given the password in $KVFERRY_REDIS_PASSWORD (redis_password.py)."""
     try:
         document = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise ClusterConfigError(f"{path}: cannot read the cluster config: {exc}") from None
     try:
-        return ClusterConfig.model_validate(document)
+        config = ClusterConfig.model_validate(document)
     except ValidationError as error:
         problems = [f"{path}: {'.'.join(str(part) for part in item['loc']) or '(document)'}: {item['msg']}"
                     for item in error.errors()]
         raise ClusterConfigError("\n".join(problems)) from None
+    password = environ.get(REDIS_PASSWORD_ENV)
+    if password and config.redis.url:
+        config = config.model_copy(update={"redis": RedisSection(url=with_password(config.redis.url, password))})
+    return config

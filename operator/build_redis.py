@@ -11,16 +11,25 @@ from __future__ import annotations
 from typing import Any
 
 from kvferry.operator.crd_model import InferenceClusterSpec
+from kvferry.operator.internal_secret import REDIS_PASSWORD_KEY, internal_secret_name
 from kvferry.operator.naming import ClusterRef, child_metadata, labels, selector_labels
 from kvferry.operator.security import container_security_context, pod_security_context
+from kvferry.redis_password import REDIS_PASSWORD_ENV
 
 REDIS_PORT = 6379
 REDIS_UID = 999  # the redis user of the official image; any non-root user does in the kvferry image
 # `redis-server` by name: the kvferry image has no Redis entrypoint, and the official image's entrypoint only
-# prepends the same command. No snapshots: the index is rebuilt from the nodes' KV events. Protected mode
-# would refuse every client from another pod: this Redis has no password (it holds block hashes and node records).
+# prepends the same command. No snapshots: the index is rebuilt from the nodes' KV events. The password is the
+# operator's (internal_secret.py), which Kubernetes substitutes for $(...) from the container's environment.
 REDIS_COMMAND = ["redis-server"]
-REDIS_ARGS = ["--port", str(REDIS_PORT), "--protected-mode", "no", "--save", "", "--appendonly", "no"]
+REDIS_ARGS = ["--port", str(REDIS_PORT), "--requirepass", f"$({REDIS_PASSWORD_ENV})", "--save", "",
+              "--appendonly", "no"]
+
+
+def redis_password_env(ref: ClusterRef) -> dict[str, Any]:
+    """The managed Redis's password, for Redis itself and for every pod that talks to it."""
+    secret_ref = {"name": internal_secret_name(ref), "key": REDIS_PASSWORD_KEY}
+    return {"name": REDIS_PASSWORD_ENV, "valueFrom": {"secretKeyRef": secret_ref}}
 
 
 def redis_url(ref: ClusterRef, spec: InferenceClusterSpec) -> str | None:
@@ -52,6 +61,7 @@ def build_redis_deployment(ref: ClusterRef, spec: InferenceClusterSpec) -> dict[
                             "imagePullPolicy": spec.image_pull_policy,
                             "command": REDIS_COMMAND,
                             "args": REDIS_ARGS,
+                            "env": [redis_password_env(ref)],
                             "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
                             "readinessProbe": ready_probe,
                             "livenessProbe": live_probe,

@@ -14,7 +14,9 @@ from typing import Any
 
 from kvferry.operator.build_config import CONFIG_DIR, CONFIG_PATH, NODE_PORT
 from kvferry.operator.build_rbac import router_service_account_name
+from kvferry.operator.build_redis import redis_password_env
 from kvferry.operator.crd_model import EnvVar, InferenceClusterSpec, RoleSpec
+from kvferry.operator.internal_secret import TOKEN_KEY, internal_secret_name
 from kvferry.operator.model_source import parse_model_source
 from kvferry.operator.naming import (
     CONFIG_HASH_ANNOTATION,
@@ -25,6 +27,7 @@ from kvferry.operator.naming import (
     selector_labels,
 )
 from kvferry.operator.security import container_security_context, pod_security_context
+from kvferry.redis_password import REDIS_PASSWORD_ENV
 from kvferry.router.api.draining import DRAIN_PATH
 
 API_KEY_ENV = "KVFERRY_API_KEY"
@@ -90,15 +93,18 @@ def _args(role: ServingRole, role_spec: RoleSpec) -> list[str]:
 
 
 def _container_env(
-    spec: InferenceClusterSpec, role: ServingRole, role_spec: RoleSpec
+    ref: ClusterRef, spec: InferenceClusterSpec, role: ServingRole, role_spec: RoleSpec
 ) -> list[dict[str, Any]]:
     env = _downward_env() if role != "router" else {}
     if spec.auth_secret is not None and role == "router":
         secret_ref = {"name": spec.auth_secret.name, "key": spec.auth_secret.key}
         env[API_KEY_ENV] = {"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": secret_ref}}
-    if spec.cluster_token_secret is not None:  # nodes require it, the router sends it
-        token_ref = {"name": spec.cluster_token_secret.name, "key": spec.cluster_token_secret.key}
-        env[CLUSTER_TOKEN_ENV] = {"name": CLUSTER_TOKEN_ENV, "valueFrom": {"secretKeyRef": token_ref}}
+    # Nodes require the token, the router sends it; the user's Secret, else the one the operator made.
+    token_ref = ({"name": spec.cluster_token_secret.name, "key": spec.cluster_token_secret.key}
+                 if spec.cluster_token_secret is not None else {"name": internal_secret_name(ref), "key": TOKEN_KEY})
+    env[CLUSTER_TOKEN_ENV] = {"name": CLUSTER_TOKEN_ENV, "valueFrom": {"secretKeyRef": token_ref}}
+    if spec.redis.managed:
+        env[REDIS_PASSWORD_ENV] = redis_password_env(ref)
     # The user's variables win over ours by name; server-side apply rejects a list with duplicate names.
     env.update({var.name: _env_var(var) for var in role_spec.env})
     return list(env.values())
@@ -176,7 +182,7 @@ def build_role_deployment(
         "command": ["kvferry"],
         "args": _args(role, role_spec),
         "ports": [{"name": "http", "containerPort": NODE_PORT, "protocol": "TCP"}],
-        "env": _container_env(spec, role, role_spec),
+        "env": _container_env(ref, spec, role, role_spec),
         "resources": _resources(role_spec),
         "startupProbe": _STARTUP_PROBE,
         "livenessProbe": _LIVENESS_PROBE,

@@ -377,7 +377,7 @@ class InferenceClusterSpec(KubeModel):
         None,
         description=(
             "Secret holding the token the router sends to prefill and decode nodes, which refuse internal "
-            "calls without it; without it the nodes' internal API is open to anything that reaches it."
+            "calls and KV transfers without it; without it the operator makes one (Secret <name>-internal)."
         ),
     )
 

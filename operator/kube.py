@@ -30,6 +30,7 @@ PLURALS: dict[str, str] = {
     "PodDisruptionBudget": "poddisruptionbudgets",
     "Pod": "pods",  # the autoscaler's scrape targets (read only)
     "Event": "events",  # the autoscaler's decisions
+    "Secret": "secrets",  # the cluster's own token and Redis password (internal_secret.py), made once
     KIND: PLURAL,
 }
 

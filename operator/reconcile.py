@@ -19,6 +19,7 @@ from kubernetes.client.exceptions import ApiException
 
 from kvferry.operator.children import CHILD_KINDS, build_children
 from kvferry.operator.crd_model import InferenceClusterSpec
+from kvferry.operator.internal_secret import ensure_internal_secret
 from kvferry.operator.kube import Kube
 from kvferry.operator.naming import API_VERSION, CLUSTER_LABEL, KIND, SERVING_ROLES, ClusterRef
 from kvferry.operator.replica_counts import decided_counts
@@ -145,6 +146,7 @@ def reconcile(kube: Kube, body: Mapping[str, Any], settings: ReconcileSettings) 
         )
         return
     children = build_children(ref, spec, decided_counts(body.get("status")))
+    ensure_internal_secret(kube, ref)  # before the pods that read it
     problem = _apply_all(kube, children, settings)
     if problem is None:
         prune(kube, ref, children)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -34,3 +34,5 @@ class TransferConfig:
     min_zero_copy_bytes: int = 64 * 1024
     # Control receives kept posted, so that several peers can talk at once.
     control_receives: int = 8
+    # The cluster token: peers talk only with peers that have it (control.py); None: any peer may.
+    cluster_token: str | None = field(default=None, repr=False)

@@ -1,8 +1,15 @@
 """Control messages on the wire: sent to a peer by name, received into receives kept posted for any peer,
-decoded (malformed ones counted and dropped) and handed to the engine's handler for their kind."""
+decoded (malformed ones counted and dropped) and handed to the engine's handler for their kind.
+
+With a cluster token, every message carries a credential derived from it (`auth`), and a message without
+the right one is counted and dropped before any handler sees it: a peer outside the cluster can neither
+read a node's registered memory (its KV pool), nor write into it, nor disturb another peer's operations.
+The credential is not the token itself, which also opens the nodes' HTTP API."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import threading
 from collections.abc import Callable
@@ -19,8 +26,9 @@ log = logging.getLogger(__name__)
 class ControlChannel:
     def __init__(
         self, worker: UcxWorker, peers: Peers, local_name: str, receives: int, stats: dict[str, int],
-        closing: threading.Event, handle: Callable[[protocol.ControlMessage], None],
+        closing: threading.Event, handle: Callable[[protocol.ControlMessage], None], cluster_token: str | None = None,
     ) -> None:
+        self._credential = transfer_credential(cluster_token) if cluster_token else None
         self._worker = worker
         self._peers = peers
         self._local_name = local_name
@@ -35,6 +43,8 @@ class ControlChannel:
     def send(self, peer: str, track: Operation | None, kind: str, refresh: bool = False, **fields: Any) -> None:
         """Send a control message; `track` (the operation it belongs to) keeps it alive and polls it;
         `refresh` (a new operation) asks the registry for the peer's current address first."""
+        if self._credential is not None:
+            fields["auth"] = self._credential
         message = protocol.encode(kind, sender=self._local_name, **fields)
         request = UcxWorker.send(self._peers.endpoint(peer, refresh=refresh), message, protocol.CONTROL_TAG)
         if track is not None:
@@ -55,6 +65,11 @@ class ControlChannel:
                     self._stats["malformed_messages"] += 1
                     log.warning("dropped a malformed control message: %s", exc)
                     continue
+                if not self._authentic(message):
+                    self._stats["unauthenticated_messages"] += 1
+                    log.warning("dropped a %s from %r without the cluster's credential", message.kind,
+                                message.fields.get("sender"))
+                    continue
                 log.debug("%s <- %s op %s from %s", self._local_name, message.kind, message.fields.get("op"),
                           message.fields.get("sender"))
                 self._handle(message)
@@ -65,3 +80,13 @@ class ControlChannel:
     def _post_receive(self) -> None:
         buffer = bytearray(protocol.CONTROL_BUFFER_BYTES)
         self._posted.append((self._worker.recv_any(buffer, protocol.CONTROL_TAG), buffer))
+
+    def _authentic(self, message: protocol.ControlMessage) -> bool:
+        if self._credential is None:
+            return True
+        auth = message.fields.get("auth")
+        return isinstance(auth, str) and hmac.compare_digest(auth, self._credential)
+
+
+def transfer_credential(cluster_token: str) -> str:
+    return hashlib.sha256(b"kvferry-transfer\0" + cluster_token.encode()).hexdigest()

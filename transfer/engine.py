@@ -57,7 +57,7 @@ class TransferEngine:
         self.write_guard: WriteGuard | None = None
         self.on_write_finished: WriteListener | None = None
         self.stats = {
-            "malformed_messages": 0, "rejected_writes": 0, "duplicate_messages": 0, "bytes_sent": 0,
+            "malformed_messages": 0, "unauthenticated_messages": 0, "rejected_writes": 0, "duplicate_messages": 0, "bytes_sent": 0,
             # puts issued (retried ones again), and attempts after a first one that did not all land
             "puts": 0, "put_retries": 0,
             # of those puts, plain copies into a peer's shared memory attached here (ucp_direct.put_many)
@@ -172,7 +172,7 @@ class TransferEngine:
         config, stats, memory = self.config, self.stats, self.memory
         self._peers = Peers(worker, self.registry)
         self._control = ControlChannel(worker, self._peers, self.local_name, config.control_receives, stats,
-                                       self._closing, self._dispatch)
+                                       self._closing, self._dispatch, config.cluster_token)
         data = DataMessages(worker, memory, config)
         self._outbound = OutboundOps(self._peers, stats)
         puts = Puts(worker, self._peers, stats, config.max_retries)

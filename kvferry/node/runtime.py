@@ -47,7 +47,8 @@ class NodeRuntime:
         # the same host writes KV blocks into it with plain copies instead of a system call per 512 KiB.
         # Making the transfer engine starts no UCX; a GPU pool ignores the allocator, and the engine makes the
         # node's GPU (--device cuda:N) current before UCX starts at initialize, in that GPU's context.
-        transfer = TransferEngine(TransferConfig(timeout_seconds=config.transfer_timeout_seconds))
+        transfer = TransferEngine(TransferConfig(timeout_seconds=config.transfer_timeout_seconds,
+                                                 cluster_token=config.cluster_token))
         engine = LLMEngine(config.model, engine_args_from(config), pool_allocator=transfer.allocate_managed_buffer)
         model = engine.served_model_name
         # The node registry record (docs/internals.md): who the node is; the reporter adds its load.

@@ -168,9 +168,14 @@ def test_image_and_kv_changes_roll_out(cluster: Cluster, start_operator) -> None
     cluster.apply(EXAMPLE.read_text())
     cluster.wait_phase(NAME, "Ready")
     before = cluster.get("deployment", f"{NAME}-decode")["spec"]["template"]["metadata"]["annotations"]
+    # The cluster's own token and Redis password: made once, owned by the cluster, read by every pod.
+    internal = cluster.get("secret", f"{NAME}-internal")
+    assert sorted(internal["data"]) == ["cluster-token", "redis-password"]
+    assert [owner["kind"] for owner in internal["metadata"]["ownerReferences"]] == ["InferenceCluster"]
 
     cluster.patch_spec(NAME, {"image": "ghcr.io/kvferry/kvferry:0.2.0"})
     cluster.wait_phase(NAME, "Ready")
+    assert cluster.get("secret", f"{NAME}-internal")["data"] == internal["data"]  # a reconcile keeps them
     for role in ("prefill", "decode", "router"):
         sets = cluster.items("replicasets", f"{SELECTOR},kvferry.dev/role={role}")
         live = [rs for rs in sets if rs["spec"]["replicas"] > 0]

@@ -10,6 +10,7 @@ import json
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import pytest
 import yaml
@@ -155,6 +156,10 @@ def test_the_operators_pods_start_and_agree(variant: str, tmp_path: Path, monkey
     # One registry: a prefill node finds the decode node's transfer address where the decode node put it.
     assert {config.registry for _, config in nodes} == {router.registry_url}
     assert router.registry_url.startswith("redis://")
+    if spec["redis"].get("managed"):  # the password from the operator's Secret, in every URL and not in the file
+        assert unquote(urlsplit(router.registry_url).password or "") == f"secret:{REF.name}-internal/redis-password"
+        [config_map] = [c for c in build_children(REF, parse_spec(spec), {}) if c["kind"] == "ConfigMap"]
+        assert urlsplit(json.loads(config_map["data"]["cluster.json"])["redis"]["url"]).password is None
     # The KV and transfer settings of the resource reach every node's engine.
     kv = spec["kvCache"]
     for _, config in nodes:

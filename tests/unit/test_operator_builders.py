@@ -113,7 +113,9 @@ def test_prefill_deployment() -> None:
     assert c["command"] == ["kvferry"] and c["args"][0] == "prefill"
     assert c["resources"] == {"limits": {"nvidia.com/gpu": 1, "memory": "40Gi"}}
     env = {var["name"]: var for var in c["env"]}
-    assert list(env) == ["POD_NAME", "POD_IP", "EXTRA"]
+    assert list(env) == ["POD_NAME", "POD_IP", "KVFERRY_CLUSTER_TOKEN", "EXTRA"]
+    # No clusterTokenSecret: the token the operator made (internal_secret.py).
+    assert env["KVFERRY_CLUSTER_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "demo-internal", "key": "cluster-token"}}
     assert env["POD_NAME"] == {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
     assert env["POD_IP"] == {"name": "POD_IP", "value": "overridden"}
     assert c["securityContext"] == SECURE_CONTAINER
@@ -168,13 +170,14 @@ def test_every_role_gets_the_cluster_token_from_its_secret_by_env() -> None:
     assert "demo-internal" not in config and "cluster-token" not in config
 
 
-def test_cluster_token_key_can_be_chosen_and_is_absent_without_a_secret() -> None:
+def test_cluster_token_key_can_be_chosen_and_without_a_secret_is_the_operators() -> None:
     keyed = spec(clusterTokenSecret={"name": "shared", "key": "internal"})
     env = {var["name"]: var for var in container(build_role_deployment(REF, keyed, "prefill", "h", 1))["env"]}
     assert env["KVFERRY_CLUSTER_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "shared", "key": "internal"}
     for role in ("prefill", "decode", "router"):
-        names = {var["name"] for var in container(build_role_deployment(REF, spec(), role, "h", 1))["env"]}
-        assert "KVFERRY_CLUSTER_TOKEN" not in names, role
+        env = {var["name"]: var for var in container(build_role_deployment(REF, spec(), role, "h", 1))["env"]}
+        assert env["KVFERRY_CLUSTER_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "demo-internal",
+                                                                             "key": "cluster-token"}, role
 
 
 def test_a_users_env_var_overrides_the_cluster_token_by_name() -> None:
@@ -281,7 +284,14 @@ def test_redis() -> None:
     deployment = build_redis_deployment(REF, s)
     c = container(deployment)
     assert c["image"] == "redis:7"
-    assert c["command"] == ["redis-server"] and c["args"][c["args"].index("--protected-mode") + 1] == "no"
+    assert c["command"] == ["redis-server"] and c["args"][c["args"].index("--requirepass") + 1] == "$(KVFERRY_REDIS_PASSWORD)"
+    password = {"secretKeyRef": {"name": "demo-internal", "key": "redis-password"}}
+    assert c["env"] == [{"name": "KVFERRY_REDIS_PASSWORD", "valueFrom": password}]
+    # Every pod that talks to it has the password.
+    for child in build_children(REF, s, {}):
+        if child["kind"] == "Deployment" and child["metadata"]["name"] != "demo-redis":
+            env = {var["name"]: var for var in container(child)["env"]}
+            assert env["KVFERRY_REDIS_PASSWORD"]["valueFrom"] == password
     assert c["securityContext"] == SECURE_CONTAINER
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 999
     assert build_redis_service(REF)["spec"]["ports"] == [
