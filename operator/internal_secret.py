@@ -5,6 +5,9 @@ Random, so not built with the other children: a server-side apply every reconcil
 again, and new ones would lock every running pod out. The Secret is created when missing and never
 written after; it is owned by the InferenceCluster, so it goes when the cluster does. A user's
 `clusterTokenSecret` takes the token's place; the password is used only by a managed Redis.
+
+The operator never reads it: each reconcile asks to create it, and "already exists" is the answer that it
+does. So the operator's role may create Secrets but read none, in any namespace it manages.
 """
 
 from __future__ import annotations
@@ -26,8 +29,6 @@ def internal_secret_name(ref: ClusterRef) -> str:
 
 
 def ensure_internal_secret(kube: Kube, ref: ClusterRef) -> None:
-    if kube.get("v1", "Secret", ref.namespace, internal_secret_name(ref)) is not None:
-        return
     secret = {
         "apiVersion": "v1",
         "kind": "Secret",
@@ -39,5 +40,5 @@ def ensure_internal_secret(kube: Kube, ref: ClusterRef) -> None:
     try:
         kube.create(secret)
     except ApiException as error:
-        if error.status != 409:  # another reconcile made it first: theirs stands
+        if error.status != 409:  # made by an earlier reconcile, or another operator: it stands
             raise
