@@ -18,7 +18,7 @@ from kvferry.engine import RequestOutput, SamplingParams
 from kvferry.internal_api import API_PREFIX, PromptRequest, ReservedKV
 from kvferry.kvcache import OutOfBlocksError
 from kvferry.node.metrics import NodeMetrics
-from kvferry.node.routes import add_common_routes
+from kvferry.node.routes import add_common_routes, request_log
 from kvferry.node.runtime import NodeRuntime
 from kvferry.node.streaming import error_line, ndjson_deltas
 
@@ -71,6 +71,9 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
         reserved = ReservedKV(handle=handle.to_json(), cached_blocks=handle.first_block)
+        request_log.info("decode reserved", extra={"fields": {
+            "node_request_id": body.request_id, "prompt_tokens": len(body.prompt_token_ids),
+            "resumed_tokens": len(body.resumed_token_ids), "cached_blocks": handle.first_block}})
         return ClosingStreamingResponse(decode_lines(body, params, reserved), media_type=NDJSON)
 
     async def decode_lines(body: PromptRequest, params: SamplingParams, reserved: ReservedKV) -> AsyncIterator[bytes]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvferry.logs import FORMAT_ENV, LEVEL_ENV
 from kvferry.operator.build_config import CONFIG_DIR, CONFIG_PATH, NODE_PORT
 from kvferry.operator.build_rbac import router_service_account_name
 from kvferry.operator.build_redis import redis_password_env
@@ -105,6 +106,8 @@ def _container_env(
     env[CLUSTER_TOKEN_ENV] = {"name": CLUSTER_TOKEN_ENV, "valueFrom": {"secretKeyRef": token_ref}}
     if spec.redis.managed:
         env[REDIS_PASSWORD_ENV] = redis_password_env(ref)
+    env[LEVEL_ENV] = {"name": LEVEL_ENV, "value": spec.logging.level}
+    env[FORMAT_ENV] = {"name": FORMAT_ENV, "value": spec.logging.format}
     # The user's variables win over ours by name; server-side apply rejects a list with duplicate names.
     env.update({var.name: _env_var(var) for var in role_spec.env})
     return list(env.values())

@@ -23,6 +23,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from kvferry import __version__
+from kvferry.logs import LogFormat, LogLevel
 from kvferry.operator.model_source import SUPPORTED_FORMS, parse_model_source
 from kvferry.operator.naming import ServingRole
 from kvferry.operator.planner.plan import ScalingPolicy
@@ -341,6 +342,12 @@ class ClusterTokenSecretRef(KubeModel):
     key: str = Field("cluster-token", min_length=1, description="Key in the Secret that holds the token.")
 
 
+class LoggingSpec(KubeModel):
+    level: LogLevel = Field("warning", description="Lowest level logged; info adds a line per request (the "
+                            "router's with its tokens and timings, each node's) under the request's X-Request-Id.")
+    format: LogFormat = Field("text", description="text, or json: one object a line, for a log pipeline.")
+
+
 class InferenceClusterSpec(KubeModel):
     model: ModelSpec = Field(description="The model every node serves.")
     image: str = Field(
@@ -370,6 +377,7 @@ class InferenceClusterSpec(KubeModel):
         "only. A role whose new pods are not ready this long after the last progress has failed: the rollout "
         "stops with the old pods serving, and status says Degraded with the reason.",
     )
+    logging: LoggingSpec = nested(LoggingSpec, "How the prefill, decode and router pods log (docs/kubernetes.md).")
     auth_secret: SecretKeyRef | None = Field(
         None, description="Secret holding the API key clients must send; without it the router is open."
     )

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, HTTPException
 
 from kvferry.internal_api import API_PREFIX, PrefillRequest, PrefillResponse
-from kvferry.node.routes import add_common_routes
+from kvferry.node.routes import add_common_routes, request_log
 from kvferry.node.runtime import NodeRuntime
 from kvferry.prefill_node.connector import PrefillAborted, PrefillConnector
 from kvferry.transfer import LayoutMismatchError, TransferError
@@ -41,9 +41,12 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
             raise HTTPException(409, str(exc)) from None
         except TransferError as exc:
             raise HTTPException(502, f"KV transfer to {handle.node} failed: {exc}") from None
-        return PrefillResponse(kv_bytes=result.kv_bytes, computed_tokens=result.computed_tokens,
-                               queue_ms=1e3 * result.queue_seconds, prefill_ms=1e3 * result.prefill_seconds,
-                               transfer_ms=1e3 * result.transfer_seconds)
+        response = PrefillResponse(kv_bytes=result.kv_bytes, computed_tokens=result.computed_tokens,
+                                   queue_ms=1e3 * result.queue_seconds, prefill_ms=1e3 * result.prefill_seconds,
+                                   transfer_ms=1e3 * result.transfer_seconds)
+        request_log.info("prefill sent", extra={"fields": {"node_request_id": body.request_id, "prompt_tokens": len(tokens),
+                                                           "to": handle.node, **response.model_dump()}})
+        return response
 
     @app.post(f"{API_PREFIX}/abort/{{request_id}}")
     async def abort(request_id: str) -> dict[str, bool]:

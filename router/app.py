@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from kvferry.engine.tokenizer import tokenizer_fingerprint
 from kvferry.kvcache.node_registry import registry_from
 from kvferry.kvcache.prefix_index import PrefixIndex, prefix_index_from
+from kvferry.request_id import RequestIdMiddleware, request_id_headers
 from kvferry.router.admission.auth import PROBE_PATHS, APIKeyMiddleware, bearer_headers, cluster_token_from
 from kvferry.router.admission.limit import Admission
 from kvferry.router.admission.plugins import load_plugins
@@ -90,13 +91,19 @@ def _openapi_without_422(app: FastAPI) -> dict[str, Any]:
     return app.openapi_schema
 
 
+async def _bear_request_id(request: httpx.Request) -> None:
+    """Every node call made for a request carries its id (kvferry/request_id.py)."""
+    request.headers.update(request_id_headers())
+
+
 def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery: Discovery | None = None) -> FastAPI:
     """`index` and `discovery` replace the ones the config names (tests)."""
     model = config.served_model_name
     metrics = RouterMetrics()
     # Every call to a node bears the cluster token (the nodes' internal API refuses calls without it).
     node_headers = bearer_headers(cluster_token_from(config.cluster_token_file))
-    client = httpx.AsyncClient(limits=NODE_CLIENT_LIMITS, timeout=httpx.Timeout(60.0, connect=5.0), headers=node_headers)
+    client = httpx.AsyncClient(limits=NODE_CLIENT_LIMITS, timeout=httpx.Timeout(60.0, connect=5.0), headers=node_headers,
+                               event_hooks={"request": [_bear_request_id]})
     view = RegistryView(registry_from(config.registry_url) if config.registry_url else None, config.stale_record_seconds)
     cluster = ClusterState(discovery or _discovery(config, view), view, HealthTracker(), config.health_interval_seconds, client,
                            config.probe_timeout_seconds, tokenizer_fingerprint(config.model.path))
@@ -144,6 +151,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)
     open_paths = PROBE_PATHS if config.metrics_need_auth else PROBE_PATHS | {"/metrics"}
     app.add_middleware(APIKeyMiddleware, keys=config.api_keys, open_paths=open_paths)
+    app.add_middleware(RequestIdMiddleware, make_missing=True)  # refusals too carry the id
     app.add_middleware(DrainingMiddleware)  # outermost: the kubelet's preStop call bears no key
     app.state.cluster, app.state.metrics, app.state.service = cluster, metrics, service
     metrics.inflight.set_function(lambda: service.admission.inflight)

@@ -58,6 +58,8 @@ class RouterMetrics:
                              buckets=LATENCY_BUCKETS, registry=r)
         self.requests = Counter("kvferry:router_requests", "Finished requests by HTTP status", ["status"], registry=r)
         self.prompt_tokens = Counter("kvferry:prompt_tokens", "Prompt tokens routed", registry=r)
+        self.generation_tokens = Counter("kvferry:generation_tokens", "Tokens generated for finished requests, "
+                                         "every choice's", registry=r)
         self.prefix_hit_tokens = Counter("kvferry:prefix_hit_tokens",
                                          "Prompt tokens the chosen node held per the prefix index", registry=r)
         self.decisions = Counter("kvferry:routing_decisions", "Scheduling decisions", ["policy", "role", "node"], registry=r)
@@ -73,9 +75,11 @@ class RouterMetrics:
         add_asyncio_tasks_gauge(r, {})
         self.tally: Tally[str] = Tally()  # /stats
 
-    def request_done(self, status: int) -> None:
+    def request_done(self, status: int, generated_tokens: int = 0) -> None:
         self.requests.labels(status=str(status)).inc()
+        self.generation_tokens.inc(generated_tokens)
         self.tally["requests"] += 1
+        self.tally["generation_tokens"] += generated_tokens
 
     def routed(self, policy: str, role: str, node: str) -> None:
         self.decisions.labels(policy=policy, role=role, node=node).inc()
@@ -94,4 +98,5 @@ class RouterMetrics:
         return generate_latest(self.registry)
 
     def stats(self) -> dict[str, int]:
-        return {key: self.tally[key] for key in ("requests", "prompt_tokens", "prefix_hit_tokens", "local_prefill_fallbacks")}
+        return {key: self.tally[key] for key in ("requests", "prompt_tokens", "generation_tokens", "prefix_hit_tokens",
+                                                 "local_prefill_fallbacks")}

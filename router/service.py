@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import random
 import time
 import uuid
@@ -44,6 +45,8 @@ from kvferry.router.scheduling.prefix_lookup import PrefixLookup
 from kvferry.router.scheduling.sessions import SessionAffinity
 
 MAX_CHOICES = 64  # prompts x n in one request: each is its own node request
+# One line per finished request at INFO (kvferry/logs.py: --log-level info), with its id, tokens and timings.
+request_log = logging.getLogger("kvferry.router.requests")
 CLIENT_LEFT = 499  # nginx's status for a client that closed the connection first
 
 
@@ -94,21 +97,23 @@ class CompletionService:
     async def serve(self, body: CompletionRequest | ChatCompletionRequest, request: Request,
                     fmt: ResponseFormat | None = None) -> Response:
         """`fmt`: how the answer is written; default the body's own API (completions or chat)."""
-        arrived = time.perf_counter()
+        clock = _TokenClock(self.metrics, time.perf_counter())
+        prompt_tokens = None
         self.check(body)
         fmt = fmt or ChatFormat(bool(body.stream and body.stream_options and body.stream_options.include_usage))
         self.admission.enter()
         streaming, status = False, 500
         try:
             prepared = self._prepare(body)
+            prompt_tokens = prepared.prompt_tokens
             merged = merge_streams(await self._open_streams(prepared.subs, prepared.session))
             if body.stream:
                 first = await until_disconnected(request, self._first(merged))
                 streaming = True
-                events = self._sse(prepared, merged, first, fmt.writer(prepared, self.plugins), arrived)
+                events = self._sse(prepared, merged, first, fmt.writer(prepared, self.plugins), clock)
                 await anext(events)  # started: from here on, closing it runs its cleanup
                 return ClosingStreamingResponse(events, media_type="text/event-stream")
-            choices, usage = await until_disconnected(request, self._collect(prepared, merged, arrived))
+            choices, usage = await until_disconnected(request, self._collect(prepared, merged, clock))
             whole = await fmt.whole(prepared, choices, usage)
             status = 200
             return JSONResponse(whole)
@@ -121,14 +126,14 @@ class CompletionService:
         finally:
             if not streaming:
                 self.admission.leave()
-                self.metrics.request_done(status)
+                self._finished(status, clock, prompt_tokens, stream=False)
 
     async def _collect(self, prepared: Prepared, merged: AsyncIterator[tuple[int, list[dict]]],
-                       arrived: float) -> tuple[list[Choice], TokenUsage]:
+                       clock: _TokenClock) -> tuple[list[Choice], TokenUsage]:
         """Every choice's whole output (plugins, echo and the split applied; best_of's best), and the usage."""
         context = prepared.context
         choices = [Choice(index) for index in range(len(prepared.subs))]
-        clock, tally = _TokenClock(self.metrics, arrived), prepared.tally()
+        tally = prepared.tally()
         try:
             async for index, batch in merged:
                 clock.tick(index, batch)
@@ -260,9 +265,9 @@ class CompletionService:
             return None
 
     async def _sse(self, prepared: Prepared, merged: AsyncIterator[tuple[int, list[dict]]],
-                   first: tuple[int, list[dict]] | None, writer: StreamWriter, arrived: float) -> AsyncIterator[bytes]:
+                   first: tuple[int, list[dict]] | None, writer: StreamWriter, clock: _TokenClock) -> AsyncIterator[bytes]:
         status = 200
-        clock, tally = _TokenClock(self.metrics, arrived), prepared.tally()
+        tally = prepared.tally()
         try:
             async with contextlib.aclosing(merged):  # type: ignore[type-var]
                 # Primed by serve(): a generator closed before it started would skip this cleanup (the admission
@@ -286,7 +291,14 @@ class CompletionService:
         finally:
             clock.flush()
             self.admission.leave()
-            self.metrics.request_done(status if status != 200 or clock.finished else CLIENT_LEFT)
+            self._finished(status if status != 200 or clock.finished else CLIENT_LEFT, clock, prepared.prompt_tokens,
+                           stream=True)
+
+    def _finished(self, status: int, clock: _TokenClock, prompt_tokens: int | None, stream: bool) -> None:
+        self.metrics.request_done(status, clock.tokens)
+        if request_log.isEnabledFor(logging.INFO):
+            request_log.info("request finished", extra={"fields": {
+                "status": status, "stream": stream, "prompt_tokens": prompt_tokens, **clock.summary()}})
 
 
 class ResponseFormat(Protocol):
@@ -337,6 +349,8 @@ class _TokenClock:
 
     def __init__(self, metrics: RouterMetrics, arrived: float) -> None:
         self.metrics, self.arrived = metrics, arrived
+        self.tokens = 0  # every choice's
+        self.first_token_s: float | None = None
         self.last: dict[int, float] = {}
         self.gaps: list[float] = []
         self.finished = False
@@ -346,6 +360,7 @@ class _TokenClock:
         tokens = len(chunks[0]["token_ids"]) if len(chunks) == 1 else sum(len(chunk["token_ids"]) for chunk in chunks)
         if not tokens:
             return
+        self.tokens += tokens
         now = time.perf_counter()
         last = self.last.get(choice)
         if last is not None:
@@ -355,7 +370,8 @@ class _TokenClock:
             else:
                 self.gaps += [gap] * tokens
         elif not self.last:
-            self.metrics.ttft.observe(now - self.arrived)
+            self.first_token_s = now - self.arrived
+            self.metrics.ttft.observe(self.first_token_s)
         self.last[choice] = now
 
     def done(self) -> None:
@@ -365,3 +381,8 @@ class _TokenClock:
     def flush(self) -> None:
         self.metrics.itl.observe_many(self.gaps)
         self.gaps = []
+
+    def summary(self) -> dict[str, float | int | None]:
+        """For the request's log line: its tokens, time to the first, and time until now (its end)."""
+        ttft = None if self.first_token_s is None else round(self.first_token_s, 4)
+        return {"completion_tokens": self.tokens, "ttft_s": ttft, "e2e_s": round(time.perf_counter() - self.arrived, 4)}

@@ -5,20 +5,28 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from kvferry.logs import add_logging_arguments, configure_logging
 from kvferry.node.config import add_node_arguments, node_config_from
 
 if TYPE_CHECKING:
     from kvferry.router.config import RouterConfig
 
 
+# uvicorn's own lines through kvferry's handler (kvferry/logs.py), at warning and above; no access lines: the
+# router writes its own line per request, with its id, tokens and timings.
+_UVICORN_LOGGING = {"log_config": None, "log_level": "warning", "access_log": False}
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     for role in ("prefill", "decode"):
         parser = subparsers.add_parser(role, help=f"run a {role} node")
         add_node_arguments(parser, role)
+        add_logging_arguments(parser)
         parser.set_defaults(func=_serve_node, role=role)
 
     router = subparsers.add_parser("router", help="run the OpenAI-compatible router (docs/router.md)")
     add_router_arguments(router)
+    add_logging_arguments(router)
     router.set_defaults(func=_serve_router)
 
     up = subparsers.add_parser("up", help="start redis (if found), prefill and decode nodes and the router locally")
@@ -37,6 +45,7 @@ def _serve_node(args: argparse.Namespace) -> int:
 
     from kvferry.node.runtime import NodeRuntime
 
+    configure_logging(args.log_level, args.log_format)
     try:
         config = node_config_from(args, args.role)
     except (ValueError, OSError) as exc:
@@ -54,7 +63,7 @@ def _serve_node(args: argparse.Namespace) -> int:
     # A bounded graceful shutdown (--shutdown-grace): keep-alive connections from a router must not hold a node up.
     # The standard asyncio loop, which uvicorn would swap for uvloop (a router dependency): the nodes' engine and
     # transfer threads are tested against it, and only the router's per-token relay was measured to need uvloop.
-    uvicorn.run(create_app(runtime), host=config.host, port=config.port, log_level="warning",
+    uvicorn.run(create_app(runtime), host=config.host, port=config.port, **_UVICORN_LOGGING,
                 timeout_graceful_shutdown=config.shutdown_grace_seconds,
                 loop="asyncio")
     return 0
@@ -142,13 +151,14 @@ def _serve_router(args: argparse.Namespace) -> int:
 
     from kvferry.router.app import create_app
 
+    configure_logging(args.log_level, args.log_format)
     try:
         config = router_config_from(args)
     except (ValidationError, ValueError, OSError) as exc:
         raise SystemExit(f"kvferry router: bad configuration: {exc}") from None
     # uvloop and httptools: the router relays every token of every stream, and the pure-Python event loop
     # and HTTP writer were most of its CPU time per token (docs/router.md, overhead).
-    uvicorn.run(create_app(config), host=args.host, port=args.port, log_level="warning",
+    uvicorn.run(create_app(config), host=args.host, port=args.port, **_UVICORN_LOGGING,
                 timeout_graceful_shutdown=args.shutdown_grace, loop="uvloop", http="httptools")
     return 0
 

@@ -9,9 +9,12 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from kvferry.node.runtime import NodeRuntime
+from kvferry.request_id import RequestIdMiddleware
 from kvferry.router.admission.auth import PROBE_PATHS, APIKeyMiddleware
 
 log = logging.getLogger(__name__)
+# A line per request at INFO (--log-level info), with the router's X-Request-Id (kvferry/logs.py).
+request_log = logging.getLogger("kvferry.node.requests")
 # Monitoring stays open: Prometheus scrapes /metrics, and /stats is its JSON twin (counters, no control).
 OPEN_PATHS = PROBE_PATHS | {"/metrics", "/stats"}
 
@@ -20,9 +23,10 @@ def add_common_routes(
     app: FastAPI, runtime: NodeRuntime, role_stats: Callable[[], dict[str, object]] = dict
 ) -> None:
     """/health, /ready, /stats (the runtime's, plus what `role_stats` adds) and /metrics; every other route
-    requires the cluster token when the node has one."""
+    requires the cluster token when the node has one. A call's `X-Request-Id` is bound while it is served."""
     token = runtime.config.cluster_token
     app.add_middleware(APIKeyMiddleware, keys=[token] if token else [], open_paths=OPEN_PATHS, credential="cluster token")
+    app.add_middleware(RequestIdMiddleware, make_missing=False)  # the router's id for the request, on the node's lines
     if token is None:
         log.warning("%s: no cluster token configured: the internal API accepts calls from anyone who can reach "
                     "it (--cluster-token-file or KVFERRY_CLUSTER_TOKEN)", runtime.config.name)

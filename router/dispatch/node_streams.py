@@ -15,6 +15,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from kvferry.request_id import request_id_headers
+
 # Below uvicorn's 5 s keep-alive on the nodes, so that the router never reuses a connection the node is closing.
 KEEPALIVE_SECONDS = 4.0
 CONNECT_SECONDS = 5.0  # as the router's other node calls; a stream itself may run as long as it runs
@@ -34,7 +36,7 @@ class NodeStreams:
                 headers=self.headers, timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_SECONDS),
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS),
             )
-        return self._session.post(url, data=orjson.dumps(body), headers=JSON_HEADERS)
+        return self._session.post(url, data=orjson.dumps(body), headers={**JSON_HEADERS, **request_id_headers()})
 
     async def aclose(self) -> None:
         if self._session is not None:

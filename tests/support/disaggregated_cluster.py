@@ -119,6 +119,10 @@ class DisaggregatedCluster:
     def router(self) -> str:
         return self.urls["router"]
 
+    def log(self, name: str) -> str:
+        """Everything a process of the cluster wrote (stdout and stderr)."""
+        return (self.local.workdir / f"{name}.log").read_text()
+
     def stats(self, name: str) -> dict:
         return httpx.get(f"{self.urls[name]}/stats", timeout=5).json()
 

@@ -113,7 +113,8 @@ def test_prefill_deployment() -> None:
     assert c["command"] == ["kvferry"] and c["args"][0] == "prefill"
     assert c["resources"] == {"limits": {"nvidia.com/gpu": 1, "memory": "40Gi"}}
     env = {var["name"]: var for var in c["env"]}
-    assert list(env) == ["POD_NAME", "POD_IP", "KVFERRY_CLUSTER_TOKEN", "EXTRA"]
+    assert list(env) == ["POD_NAME", "POD_IP", "KVFERRY_CLUSTER_TOKEN", "KVFERRY_LOG_LEVEL", "KVFERRY_LOG_FORMAT", "EXTRA"]
+    assert (env["KVFERRY_LOG_LEVEL"]["value"], env["KVFERRY_LOG_FORMAT"]["value"]) == ("warning", "text")
     # No clusterTokenSecret: the token the operator made (internal_secret.py).
     assert env["KVFERRY_CLUSTER_TOKEN"]["valueFrom"] == {"secretKeyRef": {"name": "demo-internal", "key": "cluster-token"}}
     assert env["POD_NAME"] == {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
@@ -379,3 +380,12 @@ def test_every_serving_role_has_a_disruption_budget_of_one_pod() -> None:
                          "selector": {"matchLabels": {"kvferry.dev/cluster": "demo", "kvferry.dev/role": role}}}
         for role in ("prefill", "decode", "router")
     }
+
+
+def test_the_specs_logging_reaches_every_role() -> None:
+    logged = spec(logging={"level": "info", "format": "json"})
+    for role in ("prefill", "decode", "router"):
+        env = {var["name"]: var for var in container(build_role_deployment(REF, logged, role, "h", 1))["env"]}
+        assert (env["KVFERRY_LOG_LEVEL"]["value"], env["KVFERRY_LOG_FORMAT"]["value"]) == ("info", "json"), role
+    with pytest.raises(ValueError, match="format"):
+        spec(logging={"format": "xml"})

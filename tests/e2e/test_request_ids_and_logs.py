@@ -1,0 +1,70 @@
+"""One id per request through router, prefill and decode (kvferry/request_id.py), JSON log lines
+(kvferry/logs.py) and the router's generated-token counter, on a real disaggregated cluster (random tiny
+weights: this is about ids, lines and counts, not text)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from support.disaggregated_cluster import MODEL_NAME, DisaggregatedCluster
+
+MAX_TOKENS = 5
+CLIENT_ID = "client-abc-123"
+
+
+@pytest.fixture
+def json_logged_cluster(tiny_models, monkeypatch):
+    monkeypatch.setenv("KVFERRY_LOG_FORMAT", "json")
+    monkeypatch.setenv("KVFERRY_LOG_LEVEL", "info")
+    cluster = DisaggregatedCluster(tiny_models["llama"])
+    yield cluster
+    cluster.stop()
+
+
+def _json_lines(text: str) -> list[dict]:
+    """The process's log lines; UCX writes its own warnings from C, plain, beside them."""
+    return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+
+
+def _complete(router: str, headers: dict[str, str], stream: bool) -> httpx.Response:
+    body = {"model": MODEL_NAME, "prompt": list(range(100, 140)), "max_tokens": MAX_TOKENS, "temperature": 0,
+            "ignore_eos": True, "stream": stream}
+    response = httpx.post(f"{router}/v1/completions", json=body, headers=headers, timeout=60)
+    assert response.status_code == 200, response.text
+    return response
+
+
+def test_the_clients_request_id_reaches_every_process_and_its_log_lines(json_logged_cluster) -> None:
+    cluster = json_logged_cluster
+    generated_before = cluster.metric("router", "kvferry:generation_tokens_total")
+
+    answer = _complete(cluster.router, {"X-Request-Id": CLIENT_ID}, stream=False)
+    assert answer.headers["x-request-id"] == CLIENT_ID
+    made = _complete(cluster.router, {}, stream=True).headers["x-request-id"]  # none sent: the router makes one
+    assert len(made) == 32 and int(made, 16) >= 0
+
+    refused = httpx.post(f"{cluster.router}/v1/completions", headers={"X-Request-Id": "two words"},
+                         json={"model": MODEL_NAME, "prompt": "x", "max_tokens": 1}, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "invalid_request_id"
+
+    assert cluster.metric("router", "kvferry:generation_tokens_total") - generated_before == 2 * MAX_TOKENS
+
+    def lines(name: str, request_id: str) -> list[dict]:
+        return [line for line in _json_lines(cluster.log(name)) if line.get("request_id") == request_id]
+
+    cluster.wait_until(lambda: lines("router", made), 10, "the streamed request's line")
+    [finished] = [line for line in lines("router", CLIENT_ID) if line["logger"] == "kvferry.router.requests"]
+    usage = answer.json()["usage"]
+    assert (finished["status"], finished["stream"]) == (200, False)
+    assert (finished["prompt_tokens"], finished["completion_tokens"]) == (usage["prompt_tokens"], MAX_TOKENS)
+    assert 0 < finished["ttft_s"] <= finished["e2e_s"]
+    [streamed] = [line for line in lines("router", made) if line["logger"] == "kvferry.router.requests"]
+    assert (streamed["status"], streamed["stream"], streamed["completion_tokens"]) == (200, True, MAX_TOKENS)
+    # Both nodes wrote their line for it, under the client's id.
+    [sent] = [line for line in lines("prefill-0", CLIENT_ID) if line["message"] == "prefill sent"]
+    assert sent["prompt_tokens"] == usage["prompt_tokens"] and sent["to"] == "decode-0" and sent["kv_bytes"] > 0
+    [reserved] = [line for line in lines("decode-0", CLIENT_ID) if line["message"] == "decode reserved"]
+    assert reserved["node_request_id"] == sent["node_request_id"]
+    assert all({"time", "level", "logger", "message"} <= line.keys() for line in _json_lines(cluster.log("router")))
