@@ -42,7 +42,7 @@ def release_objects(cluster: Cluster) -> list[str]:
 
 
 def test_lint_is_clean(cluster: Cluster) -> None:
-    for values in ((), EVERYTHING_ON, ("operator.watchNamespaces={a,b}",)):
+    for values in ((), EVERYTHING_ON, ("operator.watchNamespaces={a,b}",), ("operator.clusterWide=true",)):
         done = cluster.kube.helm("lint", "--strict", str(CHART), *set_flags(values))
         assert "1 chart(s) linted, 0 chart(s) failed" in done.stdout
         assert "[WARNING]" not in done.stdout and "[ERROR]" not in done.stdout
@@ -53,12 +53,15 @@ def test_values_schema_rejects_bad_values(cluster: Cluster) -> None:
         done = cluster.kube.helm("lint", str(CHART), "--set", bad, check=False)
         assert done.returncode != 0, bad
         assert "values don't meet the specifications of the schema" in done.stdout + done.stderr
+    both = cluster.kube.helm("template", str(CHART), "--set", "operator.clusterWide=true", "--set",
+                             "operator.watchNamespaces={a}", check=False)
+    assert both.returncode != 0 and "set operator.clusterWide or operator.watchNamespaces, not both" in both.stderr
 
 
 @pytest.mark.parametrize(
     "values",
-    [(), EVERYTHING_ON, ("operator.watchNamespaces={NAMESPACE}", "redis.enabled=true")],
-    ids=["defaults", "everything-on", "namespaced"],
+    [(), EVERYTHING_ON, ("operator.watchNamespaces={NAMESPACE}", "redis.enabled=true"), ("operator.clusterWide=true",)],
+    ids=["defaults", "everything-on", "namespaced", "cluster-wide"],
 )
 def test_rendered_manifests_pass_a_server_side_dry_run(cluster: Cluster, values: tuple[str, ...]) -> None:
     values = tuple(value.replace("NAMESPACE", cluster.namespace) for value in values)
@@ -97,10 +100,10 @@ def test_install_upgrade_uninstall(cluster: Cluster) -> None:
 
     crd = json.loads(cluster.kube.kubectl("get", "crd", CRD, "-o", "json").stdout)
     assert crd["spec"]["versions"][0]["name"] == "v1alpha1"
-    assert release_objects(cluster) == sorted(
+    assert release_objects(cluster) == sorted(  # by default the operator's rights end at its own namespace
         [
-            f"clusterrole.rbac.authorization.k8s.io/{fullname}",
-            f"clusterrolebinding.rbac.authorization.k8s.io/{fullname}",
+            f"role.rbac.authorization.k8s.io/{fullname}",
+            f"rolebinding.rbac.authorization.k8s.io/{fullname}",
             f"deployment.apps/{fullname}",
             f"role.rbac.authorization.k8s.io/{fullname}-leader-election",
             f"rolebinding.rbac.authorization.k8s.io/{fullname}-leader-election",
@@ -110,7 +113,7 @@ def test_install_upgrade_uninstall(cluster: Cluster) -> None:
     deployment = cluster.get("deployment", fullname)
     assert deployment["status"].get("readyReplicas") == 1
     [container] = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["args"][:2] == ["operator", "--all-namespaces"]
+    assert container["args"][:2] == ["operator", f"--namespace={cluster.namespace}"]
     assert f"--lease-name={fullname}" in container["args"]
 
     cluster.kube.helm(
@@ -133,9 +136,7 @@ def test_install_upgrade_uninstall(cluster: Cluster) -> None:
 def test_chart_rbac_is_enough_and_no_more(cluster: Cluster, start_operator, tmp_path: Path) -> None:
     ns = cluster.namespace
     release, fullname = release_of(cluster)
-    cluster.kube.helm(
-        "install", release, str(CHART), f"--namespace={ns}", "--set", f"operator.watchNamespaces={{{ns}}}"
-    )
+    cluster.kube.helm("install", release, str(CHART), f"--namespace={ns}")  # defaults: its own namespace
     account = f"system:serviceaccount:{ns}:{fullname}"
 
     def can(verb: str, resource: str, *extra: str) -> bool:
@@ -159,6 +160,11 @@ def test_chart_rbac_is_enough_and_no_more(cluster: Cluster, start_operator, tmp_
         ("update", "leases/someone-elses"),
     ):
         assert not can(verb, resource), f"the operator may {verb} {resource}"
+    # Nothing in another namespace, or across them all.
+    for verb, resource in (("create", "deployments"), ("patch", "inferenceclusters"), ("create", "secrets"),
+                           ("list", "pods")):
+        assert not can(verb, resource, "--namespace=kube-system"), f"the operator may {verb} {resource} elsewhere"
+        assert not can(verb, resource, "--all-namespaces"), f"the operator may {verb} {resource} everywhere"
     assert can("create", "secrets")  # each cluster's own token and Redis password, which it never reads
 
     # Run the operator with the chart's ServiceAccount token instead of the admin certificate.

@@ -91,3 +91,19 @@ Everything the operator does to InferenceClusters and their children, and nothin
   resources: [events]
   verbs: [create]
 {{- end -}}
+
+{{/*
+The namespaces the operator manages, comma-separated: operator.watchNamespaces, else the release namespace;
+empty with operator.clusterWide (every namespace).
+*/}}
+{{- define "kvferry.watchNamespaces" -}}
+{{- if .Values.operator.clusterWide -}}
+{{- if .Values.operator.watchNamespaces -}}
+{{- fail "set operator.clusterWide or operator.watchNamespaces, not both" -}}
+{{- end -}}
+{{- else if .Values.operator.watchNamespaces -}}
+{{- join "," .Values.operator.watchNamespaces -}}
+{{- else -}}
+{{- .Release.Namespace -}}
+{{- end -}}
+{{- end }}
