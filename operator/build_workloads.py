@@ -16,7 +16,7 @@ from kvferry.logs import FORMAT_ENV, LEVEL_ENV
 from kvferry.operator.build_config import CONFIG_DIR, CONFIG_PATH, NODE_PORT
 from kvferry.operator.build_rbac import router_service_account_name
 from kvferry.operator.build_redis import redis_password_env
-from kvferry.operator.crd_model import EnvVar, InferenceClusterSpec, RoleSpec
+from kvferry.operator.crd_model import EnvVar, InferenceClusterSpec, RoleSpec, RouterSpec
 from kvferry.operator.internal_secret import TOKEN_KEY, internal_secret_name
 from kvferry.operator.model_source import parse_model_source
 from kvferry.operator.naming import (
@@ -65,6 +65,7 @@ def _downward_env() -> dict[str, dict[str, Any]]:
     return {name: {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}} for name, path in fields.items()}
 
 
+TLS_DIR = "/etc/kvferry/tls"  # the router's certificate and key, from spec.router.tlsSecret
 PRE_STOP_SECONDS = 3
 CLOSE_SECONDS = 10
 
@@ -74,14 +75,15 @@ def _pre_stop_seconds(role: ServingRole, drain_seconds: int) -> int:
     return PRE_STOP_SECONDS + drain_seconds if role == "router" else PRE_STOP_SECONDS
 
 
-def _pre_stop(role: ServingRole, drain_seconds: int) -> dict[str, Any]:
+def _pre_stop(role: ServingRole, drain_seconds: int, scheme: str) -> dict[str, Any]:
     """Deleted, a pod at once stops being an endpoint (routers' discovery, kube-proxy), but those lag a little:
     it keeps taking what reaches it until SIGTERM comes after this wait. The router's clients hold keep-alive
     connections to it, so it spends the wait answering each with `Connection: close`, and waits on, within its
     drain, for the streams begun before it to end: their clients would reuse the connection (draining.py)."""
     if role == "router":
         longest = _pre_stop_seconds(role, drain_seconds)
-        return {"httpGet": {"path": f"{DRAIN_PATH}?seconds={PRE_STOP_SECONDS}&longest={longest}", "port": NODE_PORT}}
+        return _over(scheme, {"httpGet": {"path": f"{DRAIN_PATH}?seconds={PRE_STOP_SECONDS}&longest={longest}",
+                                          "port": NODE_PORT}})
     return {"sleep": {"seconds": PRE_STOP_SECONDS}}
 
 
@@ -90,7 +92,20 @@ def _args(role: ServingRole, role_spec: RoleSpec) -> list[str]:
             "--shutdown-grace", str(role_spec.drain_seconds)]
     if role != "router":
         args += ["--name", f"$({POD_NAME_ENV})", "--advertise-host", f"$({POD_IP_ENV})"]
+    if _tls_secret(role_spec) is not None:
+        args += ["--tls-cert-file", f"{TLS_DIR}/tls.crt", "--tls-key-file", f"{TLS_DIR}/tls.key"]
     return args
+
+
+def _tls_secret(role_spec: RoleSpec) -> str | None:
+    """The router's TLS Secret: it then serves HTTPS only, and its probes and drain hook speak HTTPS."""
+    return role_spec.tls_secret if isinstance(role_spec, RouterSpec) else None
+
+
+def _over(scheme: str, probe: dict[str, Any]) -> dict[str, Any]:
+    """A probe or hook whose httpGet goes over `scheme` (the kubelet does not check the certificate). HTTP is
+    Kubernetes' default and left unsaid: pods of a cluster without TLS keep their template across upgrades."""
+    return probe if scheme == "HTTP" else {**probe, "httpGet": {**probe["httpGet"], "scheme": scheme}}
 
 
 def _container_env(
@@ -134,6 +149,9 @@ def _volumes(spec: InferenceClusterSpec, role: ServingRole, ref: ClusterRef) -> 
         {"name": "config", "mountPath": CONFIG_DIR, "readOnly": True},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
+    if (tls := _tls_secret(spec.role(role))) is not None:
+        volumes.append({"name": "tls", "secret": {"secretName": tls}})
+        mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
     if role != "router":
         # UCX's shared-memory transports need a /dev/shm larger than the runtime's 64 MiB default.
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
@@ -177,6 +195,7 @@ def build_role_deployment(
     leaves it out, so that server-side apply neither sets nor resets what another controller scaled."""
     role_spec = spec.role(role)
     drain = role_spec.drain_seconds
+    scheme = "HTTP" if _tls_secret(role_spec) is None else "HTTPS"
     volumes, mounts = _volumes(spec, role, ref)
     container = {
         "name": role,
@@ -187,12 +206,12 @@ def build_role_deployment(
         "ports": [{"name": "http", "containerPort": NODE_PORT, "protocol": "TCP"}],
         "env": _container_env(ref, spec, role, role_spec),
         "resources": _resources(role_spec),
-        "startupProbe": _STARTUP_PROBE,
-        "livenessProbe": _LIVENESS_PROBE,
-        "readinessProbe": _READINESS_PROBE,
+        "startupProbe": _over(scheme, _STARTUP_PROBE),
+        "livenessProbe": _over(scheme, _LIVENESS_PROBE),
+        "readinessProbe": _over(scheme, _READINESS_PROBE),
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
-        "lifecycle": {"preStop": _pre_stop(role, drain)},
+        "lifecycle": {"preStop": _pre_stop(role, drain, scheme)},
     }
     pod_spec: dict[str, Any] = {
         # The preStop hook, the drain (--shutdown-grace), then the process's own close (engine, transfers).

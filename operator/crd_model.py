@@ -272,6 +272,11 @@ class RouterSpec(RoleSpec):
     port: int = Field(
         DEFAULT_ROUTER_PORT, ge=1, le=65535, description="Port the router's Service listens on."
     )
+    tls_secret: DnsSubdomain | None = Field(
+        None,
+        description="Name of a kubernetes.io/tls Secret (tls.crt, tls.key) in the cluster's namespace: the router "
+        "then serves HTTPS only, with that certificate; unset, plain HTTP.",
+    )
 
 
 class KVCacheSpec(KubeModel):

@@ -107,6 +107,9 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-template", default=None, help="a Jinja chat template file, instead of the model's own")
     parser.add_argument("--shutdown-grace", type=float, default=3.0,
                         help="seconds requests in flight may go on after SIGTERM before they are cut (default 3)")
+    parser.add_argument("--tls-cert-file", default=None,
+                        help="serve HTTPS only with this PEM certificate (chain); needs --tls-key-file")
+    parser.add_argument("--tls-key-file", default=None, help="the PEM private key of --tls-cert-file")
 
 
 def _selector(text: str | None) -> dict[str, str] | None:
@@ -154,13 +157,27 @@ def _serve_router(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
     try:
         config = router_config_from(args)
+        tls = _tls_files(args.tls_cert_file, args.tls_key_file)
     except (ValidationError, ValueError, OSError) as exc:
         raise SystemExit(f"kvferry router: bad configuration: {exc}") from None
     # uvloop and httptools: the router relays every token of every stream, and the pure-Python event loop
     # and HTTP writer were most of its CPU time per token (docs/router.md, overhead).
-    uvicorn.run(create_app(config), host=args.host, port=args.port, **_UVICORN_LOGGING,
+    uvicorn.run(create_app(config), host=args.host, port=args.port, **_UVICORN_LOGGING, **tls,
                 timeout_graceful_shutdown=args.shutdown_grace, loop="uvloop", http="httptools")
     return 0
+
+
+def _tls_files(cert: str | None, key: str | None) -> dict[str, str]:
+    """uvicorn's TLS arguments: with them the router speaks HTTPS only, and a plain HTTP request on its port
+    gets a failed handshake, never an answer."""
+    if (cert is None) != (key is None):
+        raise ValueError("--tls-cert-file and --tls-key-file go together")
+    if cert is None or key is None:
+        return {}
+    for path in (cert, key):
+        with open(path, "rb"):  # unreadable: said now, naming the file, not as uvicorn's SSL error
+            pass
+    return {"ssl_certfile": cert, "ssl_keyfile": key}
 
 
 def _up(args: argparse.Namespace) -> int:

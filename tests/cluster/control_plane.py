@@ -26,6 +26,7 @@ from pathlib import Path
 from types import TracebackType
 
 from cluster.kube_tools import KubeTools, find_kubectl
+from cluster.pki import Pki
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"
@@ -108,65 +109,6 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-class _Pki:
-    """Certificates and keys, made with the openssl CLI so the tests need no extra Python package."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-        folder.mkdir()
-        self.ca_cert, self.ca_key = self._issue("ca", "kvferry-test-ca", ca=True)
-        # The apiserver signs ServiceAccount tokens with it and the controller-manager mints them with it.
-        self.service_account_key = folder / "service-account.key"
-        _openssl("ecparam", "-genkey", "-noout", "-name", "prime256v1", "-out", str(self.service_account_key))
-
-    def _issue(
-        self, name: str, common_name: str, *, organization: str = "", sans: str = "", ca: bool = False
-    ) -> tuple[Path, Path]:
-        cert, key, config = (self.folder / f"{name}.{ext}" for ext in ("crt", "key", "cnf"))
-        extensions = (
-            ["basicConstraints = critical,CA:TRUE", "keyUsage = critical,keyCertSign,cRLSign"]
-            if ca
-            else [
-                "basicConstraints = critical,CA:FALSE",
-                "keyUsage = critical,digitalSignature,keyEncipherment",
-                "extendedKeyUsage = serverAuth,clientAuth",
-            ]
-        )
-        if sans:
-            extensions.append(f"subjectAltName = {sans}")
-        subject = [f"CN = {common_name}"] + ([f"O = {organization}"] if organization else [])
-        config.write_text(
-            "\n".join(
-                ["[req]", "prompt = no", "distinguished_name = dn", "x509_extensions = ext", "[dn]"]
-                + subject
-                + ["[ext]"]
-                + extensions
-            )
-            + "\n"
-        )
-        signer = [] if ca else ["-CA", str(self.ca_cert), "-CAkey", str(self.ca_key)]
-        # EC keys: generating them takes milliseconds, RSA keys take a noticeable part of a second each.
-        _openssl(
-            "req", "-x509", "-new", "-nodes", "-days", "7", "-config", str(config),
-            "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-            "-keyout", str(key), "-out", str(cert), *signer,
-        )  # fmt: skip
-        return cert, key
-
-    def serving(self, name: str) -> tuple[Path, Path]:
-        sans = "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
-        return self._issue(name, name, sans=sans)
-
-    def client(self, name: str, user: str, group: str = "") -> tuple[Path, Path]:
-        return self._issue(name, user, organization=group)
-
-
-def _openssl(*args: str) -> None:
-    done = subprocess.run(["openssl", *args], capture_output=True, text=True)
-    if done.returncode != 0:
-        raise ControlPlaneError(f"openssl {args[0]} failed: {done.stderr.strip()}")
-
-
 class ControlPlane(KubeTools):
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler + kwok with fake Nodes.
 
@@ -216,7 +158,7 @@ class ControlPlane(KubeTools):
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _start(self) -> None:
-        pki = _Pki(self.workdir / "pki")
+        pki = Pki(self.workdir / "pki")
         admin = pki.client("admin", "kvferry-admin", "system:masters")
         self._ssl = ssl.create_default_context(cafile=str(pki.ca_cert))
         self._ssl.load_cert_chain(*admin)
@@ -256,7 +198,7 @@ class ControlPlane(KubeTools):
         self._wait("etcd /health", etcd, lambda: _http_ok(f"{client_url}/health"))
         return client_url
 
-    def _start_apiserver(self, pki: _Pki, etcd_url: str) -> None:
+    def _start_apiserver(self, pki: Pki, etcd_url: str) -> None:
         cert, key = pki.serving("kube-apiserver")
         apiserver = self._spawn(
             "kube-apiserver",
@@ -280,7 +222,7 @@ class ControlPlane(KubeTools):
         for path in ("/livez", "/readyz"):
             self._wait(f"kube-apiserver {path}", apiserver, lambda path=path: self._api_ok(path))
 
-    def _start_controller_manager(self, pki: _Pki) -> None:
+    def _start_controller_manager(self, pki: Pki) -> None:
         kubeconfig = self._component_kubeconfig(
             pki, "kube-controller-manager", "system:kube-controller-manager"
         )
@@ -300,7 +242,7 @@ class ControlPlane(KubeTools):
         )
         self._wait("kube-controller-manager /healthz", kcm, lambda: _https_ok_unverified(port, "/healthz"))
 
-    def _start_scheduler(self, pki: _Pki) -> None:
+    def _start_scheduler(self, pki: Pki) -> None:
         kubeconfig = self._component_kubeconfig(pki, "kube-scheduler", "system:kube-scheduler")
         port = _free_port()
         scheduler = self._spawn(
@@ -312,7 +254,7 @@ class ControlPlane(KubeTools):
         )
         self._wait("kube-scheduler /healthz", scheduler, lambda: _https_ok_unverified(port, "/healthz"))
 
-    def _start_kwok(self, pki: _Pki) -> None:
+    def _start_kwok(self, pki: Pki) -> None:
         cert, key = pki.serving("kwok")
         port = _free_port()
         self._spawn(
@@ -420,7 +362,7 @@ class ControlPlane(KubeTools):
         }
         path.write_text(json.dumps(config, indent=2))
 
-    def _component_kubeconfig(self, pki: _Pki, name: str, user: str) -> Path:
+    def _component_kubeconfig(self, pki: Pki, name: str, user: str) -> Path:
         """A kubeconfig with the identity the bootstrap RBAC policy grants this component's rights to."""
         path = self.workdir / f"{name}.kubeconfig"
         self._write_kubeconfig(path, pki.ca_cert, pki.client(name, user))

@@ -101,8 +101,9 @@ class DisaggregatedCluster:
             self.stop()
             raise
 
-    def add_router(self, name: str, nodes: list[str], flags: list[str]) -> str:
-        """Start a router over the named nodes; returns its URL."""
+    def add_router(self, name: str, nodes: list[str], flags: list[str], scheme: str = "http") -> str:
+        """Start a router over the named nodes; returns its URL (`https` for one given a certificate: this
+        process must then trust its CA, e.g. by SSL_CERT_FILE, to see it ready)."""
         port = free_port()
         args = [
             sys.executable, *self.launchers.get(name, ["-m", "kvferry"]), "router", "--model", str(self.model_dir), "--port", str(port),
@@ -111,7 +112,7 @@ class DisaggregatedCluster:
         for node in nodes:
             args += ["--prefill" if node.startswith("prefill") else "--decode", self.urls[node]]
         self.local.spawn(name, args)
-        self.urls[name] = f"http://127.0.0.1:{port}"
+        self.urls[name] = f"{scheme}://127.0.0.1:{port}"
         self.local.wait_ready({name: self.urls[name]})
         return self.urls[name]
 

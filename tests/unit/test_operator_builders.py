@@ -389,3 +389,18 @@ def test_the_specs_logging_reaches_every_role() -> None:
         assert (env["KVFERRY_LOG_LEVEL"]["value"], env["KVFERRY_LOG_FORMAT"]["value"]) == ("info", "json"), role
     with pytest.raises(ValueError, match="format"):
         spec(logging={"format": "xml"})
+
+
+def test_a_router_tls_secret_serves_https_with_probes_and_hook_to_match() -> None:
+    s = spec(router={"tlsSecret": "router-cert"})
+    deployments = {c["metadata"]["name"]: c for c in build_children(REF, s, {}) if c["kind"] == "Deployment"}
+    router = deployments["demo-router"]["spec"]["template"]["spec"]
+    c = container(deployments["demo-router"])
+    assert c["args"][-4:] == ["--tls-cert-file", "/etc/kvferry/tls/tls.crt", "--tls-key-file", "/etc/kvferry/tls/tls.key"]
+    assert {"name": "tls", "secret": {"secretName": "router-cert"}} in router["volumes"]
+    assert {"name": "tls", "mountPath": "/etc/kvferry/tls", "readOnly": True} in c["volumeMounts"]
+    for probe in (c["startupProbe"], c["livenessProbe"], c["readinessProbe"], c["lifecycle"]["preStop"]):
+        assert probe["httpGet"]["scheme"] == "HTTPS"
+    for role in ("prefill", "decode"):  # the nodes keep plain HTTP (the router is the only client)
+        node = container(deployments[f"demo-{role}"])
+        assert "--tls-cert-file" not in node["args"] and "scheme" not in node["readinessProbe"]["httpGet"]
