@@ -6,6 +6,8 @@ import argparse
 import os
 import socket
 
+from kvferry.logs import FORMAT_ENV, LOG_FORMATS
+
 DEFAULT_LEASE_NAME = "kvferry-operator"
 
 
@@ -58,6 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--health-host", default="0.0.0.0", help="address of the /healthz endpoint")
     parser.add_argument("--health-port", type=int, default=0, help="port of the /healthz endpoint (0: off)")
     parser.add_argument("--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--log-format", choices=LOG_FORMATS, default=os.environ.get(FORMAT_ENV, "text"),
+                        help=f"text, or json: kopf's JSON lines, one object a line (default ${FORMAT_ENV}, else text)")
     parser.add_argument(
         "--test-hook-apply-delay",
         type=float,
@@ -75,7 +79,8 @@ def run(args: argparse.Namespace) -> int:
     from kvferry.operator.reconcile import ReconcileSettings
     from kvferry.operator.runner import OperatorConfig, run_operator
 
-    kopf.configure(verbose=args.verbose)
+    kopf.configure(verbose=args.verbose,
+                   log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL)
     namespaces = tuple(args.namespaces or ())
     lease_namespace = (
         args.lease_namespace or os.environ.get("POD_NAMESPACE") or (namespaces or ("default",))[0]

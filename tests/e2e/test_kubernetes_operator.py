@@ -222,7 +222,7 @@ def test_turning_managed_redis_off_prunes_it(cluster: Cluster, start_operator) -
 
 
 def test_a_child_deleted_by_hand_comes_back(cluster: Cluster, start_operator) -> None:
-    start_operator()
+    operator = start_operator("--log-format=json")
     cluster.apply(EXAMPLE.read_text())
     cluster.wait_phase(NAME, "Ready")
     uid = cluster.get("service", f"{NAME}-decode")["metadata"]["uid"]
@@ -231,6 +231,9 @@ def test_a_child_deleted_by_hand_comes_back(cluster: Cluster, start_operator) ->
         "decode Service re-created by the resync", lambda: cluster.get("service", f"{NAME}-decode"), 30
     )
     assert restored["metadata"]["uid"] != uid
+    # The operator logged in JSON: one object a line, the resync among them.
+    lines = [json.loads(line) for line in operator.log().splitlines() if line.strip()]
+    assert any(f"resynced {cluster.namespace}/{NAME}" in line["message"] for line in lines)
 
 
 def test_model_source_that_cannot_work_is_degraded_without_retrying(cluster: Cluster, start_operator) -> None:
