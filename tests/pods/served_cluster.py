@@ -119,14 +119,14 @@ class ServedCluster(Cluster):
     def metric(self, pod: dict[str, Any], name: str, **labels: str) -> float:
         """The sum of a metric's samples on one pod, read from its /metrics over the pod network: those whose
         labels include `labels` (`metric(router, "kvferry:router_migrations_total", outcome="migrated")`)."""
-        text = httpx.get(f"{_pod_url(pod)}/metrics", timeout=30).text
+        text = httpx.get(f"{pod_url(pod)}/metrics", timeout=30).text
         wanted = [f'{key}="{value}"' for key, value in labels.items()]
         return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                    if line.startswith((name + "{", name + " ")) and all(label in line for label in wanted))
 
     def stats(self, pod: dict[str, Any]) -> dict[str, Any]:
         """A node pod's /stats: what it runs, waits for, reserves and holds."""
-        return httpx.get(f"{_pod_url(pod)}/stats", timeout=30).json()
+        return httpx.get(f"{pod_url(pod)}/stats", timeout=30).json()
 
     def wait_idle(self) -> None:
         """Every ready prefill and decode pod holds nothing: no request, reservation, held KV, block or lease."""
@@ -168,5 +168,6 @@ def install(node: PodsNode) -> ServedCluster:
     return cluster
 
 
-def _pod_url(pod: dict[str, Any]) -> str:
+def pod_url(pod: dict[str, Any]) -> str:
+    """A node or router pod's own HTTP address on the pod network."""
     return f"http://{pod['status']['podIP']}:{NODE_PORT}"

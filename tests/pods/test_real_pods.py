@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import openai
 from cluster.waiting import wait_until
-from pods.served_cluster import CHART, CLUSTER, NAMESPACE, RELEASE, SERVED_NAME, ServedCluster
+from pods.served_cluster import CHART, CLUSTER, NAMESPACE, RELEASE, SERVED_NAME, ServedCluster, pod_url
 from pods.serving_loop import ServingLoop, undisturbed_texts
 from support.real_model import RealModel
 
@@ -78,6 +78,29 @@ def test_kv_blocks_cross_from_the_prefill_pod_to_the_decode_pod(served: ServedCl
     assert sent > 0, "the prefill pod sent no KV"
     assert served.metric(decode, "kvferry:kv_received_bytes_total") - received == sent
     assert served.metric(decode, "kvferry:local_prefills_total") == local  # no fallback to local prefill
+
+
+def test_nodes_refuse_calls_without_the_operators_token_and_the_operator_keeps_to_its_namespace(
+    served: ServedCluster,
+) -> None:
+    """Installed with defaults: the token is the one the operator made (Secret <cluster>-internal), which the KV
+    transfers of the test above carried too; the operator's rights end at its release namespace."""
+    for role in ("prefill", "decode"):
+        url = pod_url(served.ready_pods(role)[0])
+        for headers in ({}, {"Authorization": "Bearer not-the-clusters-token"}):
+            refused = httpx.post(f"{url}/internal/v1/abort/none", headers=headers, timeout=30)
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_cluster_token", role
+        assert httpx.get(f"{url}/health", timeout=30).status_code == 200  # probes stay open
+    operator = served.items("pods", "app.kubernetes.io/component=operator")[0]
+    account = f"--as=system:serviceaccount:{NAMESPACE}:{operator['spec']['serviceAccountName']}"
+
+    def can(*asked: str) -> bool:
+        return served.kube.kubectl("auth", "can-i", *asked, account, check=False).stdout.strip() == "yes"
+
+    assert can("create", "deployments", f"--namespace={NAMESPACE}")
+    for elsewhere in ("--namespace=default", "--namespace=kube-system", "--all-namespaces"):
+        for verb, resource in (("create", "deployments"), ("patch", "inferenceclusters"), ("create", "secrets")):
+            assert not can(verb, resource, elsewhere), (verb, resource, elsewhere)
 
 
 def test_prefill_scaled_out_and_in_under_load_fails_no_request(served: ServedCluster) -> None:
