@@ -265,13 +265,16 @@ def plot(timeline: list[Interval], path: Path) -> Path | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # The control plane and the e2e helpers import each other as top-level packages (tests/ on the path, as
-    # tests/conftest.py has it); they are the tests', used here as they are. Appended, not put first: an
-    # installed package keeps its name (tests/ has `cluster`, `e2e`, `support`), none is shadowed.
-    sys.path.append(str(REPO / "tests"))
-    from cluster.control_plane import ControlPlane
-    from e2e.example_cluster import NAME, example
-    from e2e.kube_cluster import CRD_FILE, OPERATOR_START_S, Cluster
+    # The control plane and the e2e helpers are the tests', used as they are: they import each other as
+    # top-level packages, so tests/ must be on the path as pytest puts it (pyproject.toml's `pythonpath`).
+    # The command says so (PYTHONPATH=tests) rather than this module editing sys.path behind the caller.
+    try:
+        from cluster.control_plane import ControlPlane
+        from e2e.example_cluster import NAME, example
+        from e2e.kube_cluster import CRD_FILE, OPERATOR_START_S, Cluster
+    except ImportError as exc:
+        raise SystemExit(f"planner_kwok needs the tests' control plane: run it as "
+                         f"PYTHONPATH=tests .venv/bin/python -m benchmarks.planner_kwok ({exc})") from None
 
     started = time.perf_counter()
     times = ServiceTimes.from_result(args.service_times)
