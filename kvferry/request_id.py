@@ -1,6 +1,8 @@
 """The id of the request being served: taken from the client's `X-Request-Id` at the router (or made there),
 sent on every call the router makes to a node for it, taken up again by the node, and put on every log line
 written while serving it (kvferry/logs.py). One id follows a request through router, prefill and decode.
+The ASGI middleware that binds it is router/api/request_id.py; this module imports nothing, so that the
+log setup (and `kvferry --help`) does not load the web framework.
 
 It lives in a context variable: asyncio copies the context into every task a request's handler starts, so
 the calls and log lines of concurrent requests never mix their ids.
@@ -8,11 +10,7 @@ the calls and log lines of concurrent requests never mix their ids.
 
 from __future__ import annotations
 
-import uuid
-from contextvars import ContextVar
-
-import orjson
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from contextvars import ContextVar, Token
 
 REQUEST_ID_HEADER = "x-request-id"
 MAX_REQUEST_ID_LENGTH = 128
@@ -34,48 +32,10 @@ def valid_request_id(value: str) -> bool:
     return 0 < len(value) <= MAX_REQUEST_ID_LENGTH and all("!" <= char <= "~" for char in value)
 
 
-class RequestIdMiddleware:
-    """Binds each HTTP request's id for its whole handling and returns it in the response's `X-Request-Id`.
-    `make_missing`: the router makes an id for a request without one (or with one that is not
-    `valid_request_id`, answered 400: a client that sends an id wants to find it again); a node takes
-    what the router sent and otherwise has none."""
-
-    def __init__(self, app: ASGIApp, make_missing: bool) -> None:
-        self.app, self.make_missing = app, make_missing
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        sent = next((value.decode("latin-1") for key, value in scope["headers"] if key == REQUEST_ID_HEADER.encode()),
-                    None)
-        if sent is not None and not valid_request_id(sent):
-            if self.make_missing:
-                await _refuse(send, f"X-Request-Id must be 1-{MAX_REQUEST_ID_LENGTH} visible ASCII characters")
-                return
-            sent = None
-        request_id = sent if sent is not None or not self.make_missing else uuid.uuid4().hex
-        if request_id is None:
-            await self.app(scope, receive, send)
-            return
-
-        async def with_id(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []),
-                                                  (REQUEST_ID_HEADER.encode(), request_id.encode())]}
-            await send(message)
-
-        token = _current.set(request_id)
-        try:
-            await self.app(scope, receive, with_id)
-        finally:
-            _current.reset(token)
+def bind_request_id(request_id: str) -> Token[str | None]:
+    """Binds `request_id` for the work that follows in this context; `unbind_request_id` with the token ends it."""
+    return _current.set(request_id)
 
 
-async def _refuse(send: Send, message: str) -> None:
-    """400 with an OpenAI-shaped error body (the router's other refusals' shape)."""
-    body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "param": "X-Request-Id",
-                                   "code": "invalid_request_id"}})
-    await send({"type": "http.response.start", "status": 400,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+def unbind_request_id(token: Token[str | None]) -> None:
+    _current.reset(token)

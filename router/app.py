@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from kvferry.engine.tokenizer import tokenizer_fingerprint
 from kvferry.kvcache.node_registry import registry_from
 from kvferry.kvcache.prefix_index import PrefixIndex, prefix_index_from
-from kvferry.request_id import RequestIdMiddleware, request_id_headers
+from kvferry.request_id import request_id_headers
 from kvferry.router.admission.auth import PROBE_PATHS, APIKeyMiddleware, bearer_headers, cluster_token_from
 from kvferry.router.admission.limit import Admission
 from kvferry.router.admission.plugins import load_plugins
@@ -37,6 +37,7 @@ from kvferry.router.api.openai_schema import (
 )
 from kvferry.router.api.prompts import ModelLimits, PromptEncoder
 from kvferry.router.api.request_body import RequestCheck
+from kvferry.router.api.request_id import RequestIdMiddleware
 from kvferry.router.api.tokenize import Tokenization
 from kvferry.router.config import RouterConfig
 from kvferry.router.discovery.cluster import ClusterState

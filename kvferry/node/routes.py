@@ -9,8 +9,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
 from kvferry.node.runtime import NodeRuntime
-from kvferry.request_id import RequestIdMiddleware
 from kvferry.router.admission.auth import PROBE_PATHS, APIKeyMiddleware
+from kvferry.router.api.request_id import RequestIdMiddleware
 
 log = logging.getLogger(__name__)
 # A line per request at INFO (--log-level info), with the router's X-Request-Id (kvferry/logs.py).

@@ -18,10 +18,10 @@ from starlette.routing import Route
 from kvferry.logs import configure_logging
 from kvferry.request_id import (
     MAX_REQUEST_ID_LENGTH,
-    RequestIdMiddleware,
     current_request_id,
     request_id_headers,
 )
+from kvferry.router.api.request_id import RequestIdMiddleware
 
 
 async def _echo(_: Request) -> JSONResponse:
