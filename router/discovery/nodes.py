@@ -39,9 +39,10 @@ class NodeView:
     kv_identity: str | None = None
 
     def exchanges_kv_with(self, other: NodeView) -> bool:
-        """Whether KV one computes may continue on the other: an unknown identity is given the benefit of
-        the doubt, as an unknown model is (the transfer's own check still refuses a mismatch)."""
-        return self.kv_identity is None or other.kv_identity is None or self.kv_identity == other.kv_identity
+        """Whether KV one computes may continue on the other. An unknown identity pairs only with another
+        unknown one (a cluster without a registry knows none): a pod whose record the router has not read yet
+        is, mid-rollout, as likely the new model as the old, and the transfer would refuse the mismatch."""
+        return self.kv_identity == other.kv_identity
 
     @property
     def host(self) -> str:

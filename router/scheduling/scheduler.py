@@ -92,8 +92,7 @@ class Scheduler:
 
 
 def _paired(decode_nodes: list[NodeView], prefill_nodes: list[NodeView]) -> list[NodeView]:
-    # Per request, on every decode node: a set of the prefill nodes' identities, not a pairwise check.
+    # Per request, on every decode node: a set of the prefill nodes' identities (NodeView.exchanges_kv_with's
+    # rule: equal, an unknown one only with an unknown one), not a pairwise check.
     identities = {prefill.kv_identity for prefill in prefill_nodes}
-    if None in identities:  # a prefill node of unknown identity may pair with any (NodeView.exchanges_kv_with)
-        return decode_nodes
-    return [decode for decode in decode_nodes if decode.kv_identity is None or decode.kv_identity in identities]
+    return [decode for decode in decode_nodes if decode.kv_identity in identities]

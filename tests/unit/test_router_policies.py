@@ -183,5 +183,13 @@ def test_a_decode_node_with_a_prefill_node_for_it_comes_first_and_one_without_pr
     assert picks(policy, both, [request(), request()]) == [("p-new", "d-new")] * 2
 
 
-def test_nodes_whose_records_name_no_pool_yet_pair_with_any():
-    assert picks("default", [prefill("p0"), decode("d0", kv_identity=OLD)], [request()]) == [("p0", "d0")]
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_a_node_whose_record_the_router_has_not_read_pairs_only_with_another_such_node(policy: str):
+    # Mid-rollout, a new pod is Ready (discovery lists it) a moment before the router reads its record: its
+    # model is unknown, as likely the new one as the old (a CI run saw such a pair refused by the transfer).
+    unread_prefill = [prefill("p-new"), prefill("p-old", kv_identity=OLD, inflight=9), decode("d-old", kv_identity=OLD)]
+    assert set(picks(policy, unread_prefill, [request(cached={"p-new": 4})] * 3)) == {("p-old", "d-old")}
+    unread_decode = [prefill("p-old", kv_identity=OLD), decode("d-new"), decode("d-old", kv_identity=OLD, inflight=9)]
+    assert set(picks(policy, unread_decode, [request()] * 3)) <= {("p-old", "d-old"), (None, "d-new")}
+    # Without a registry no node's identity is known: they all pair.
+    assert picks(policy, [prefill("p0"), decode("d0")], [request()]) == [("p0", "d0")]
