@@ -11,33 +11,43 @@ from collections.abc import AsyncIterator
 
 import anyio
 from fastapi import FastAPI, HTTPException
+from opentelemetry import trace
+from opentelemetry.trace import Span
 
+from kvferry import tracing
 from kvferry.closing_response import ClosingStreamingResponse
 from kvferry.decode_node.connector import DecodeConnector
 from kvferry.engine import RequestOutput, SamplingParams
 from kvferry.internal_api import API_PREFIX, PromptRequest, ReservedKV
 from kvferry.kvcache import OutOfBlocksError
 from kvferry.node.metrics import NodeMetrics
-from kvferry.node.routes import add_common_routes, request_log
+from kvferry.node.routes import NODE_TELEMETRY, add_common_routes, request_log
 from kvferry.node.runtime import NodeRuntime
 from kvferry.node.streaming import error_line, ndjson_deltas
 
 NDJSON = "application/x-ndjson"
+Phase = tuple[str, float, float]  # tracing.record_phases': a name, its start and end (time.perf_counter())
 
 
-async def _timing_first_decode(
-    stream: AsyncIterator[RequestOutput], metrics: NodeMetrics, activated: float
-) -> AsyncIterator[RequestOutput]:
-    """Pass a stream through, timing the first token (this node computes it from the arrived KV)."""
-    first = True
+async def _timed(stream: AsyncIterator[RequestOutput], since: float, span: Span, waited: Phase | None = None,
+                 metrics: NodeMetrics | None = None) -> AsyncIterator[RequestOutput]:
+    """Pass a stream through, timing its first token from `since`: into the first_decode histogram when
+    `metrics` is given (this node computes it from KV that arrived), and, when the stream ends, as the
+    request's phases under `span` (tracing): `waited` (the wait for that KV), the first step, the stream."""
+    first: float | None = None
     try:
         async for output in stream:
-            if first:
-                metrics.observe_ttft("first_decode", time.perf_counter() - activated)
-                first = False
+            if first is None:
+                first = time.perf_counter()
+                if metrics is not None:
+                    metrics.observe_ttft("first_decode", first - since)
             yield output
     finally:
         await stream.aclose()  # type: ignore[attr-defined]  # at once, as ndjson_deltas does
+        ended = time.perf_counter()
+        first = ended if first is None else first
+        tracing.record_phases([*([waited] if waited else []), ("first_step", since, first), ("stream", first, ended)],
+                              parent=span)
 
 
 def _params(body: PromptRequest) -> SamplingParams:
@@ -58,11 +68,12 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         await connector.stop()
         runtime.close()
 
-    app = FastAPI(title="kvferry decode node", lifespan=lifespan)
+    app = FastAPI(title="kvferry decode node", lifespan=lifespan, telemetry=NODE_TELEMETRY)
     add_common_routes(app, runtime, connector.held)
 
     @app.post(f"{API_PREFIX}/decode")
     async def decode(body: PromptRequest) -> ClosingStreamingResponse:
+        received = time.perf_counter()
         params = _params(body)
         try:
             handle = await connector.reserve(body.request_id, body.prompt_token_ids, params, body.resumed_token_ids)
@@ -74,9 +85,11 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         request_log.info("decode reserved", extra={"fields": {
             "node_request_id": body.request_id, "prompt_tokens": len(body.prompt_token_ids),
             "resumed_tokens": len(body.resumed_token_ids), "cached_blocks": handle.first_block}})
-        return ClosingStreamingResponse(decode_lines(body, params, reserved), media_type=NDJSON)
+        return ClosingStreamingResponse(decode_lines(body, params, reserved, received, trace.get_current_span()),
+                                        media_type=NDJSON)
 
-    async def decode_lines(body: PromptRequest, params: SamplingParams, reserved: ReservedKV) -> AsyncIterator[bytes]:
+    async def decode_lines(body: PromptRequest, params: SamplingParams, reserved: ReservedKV, received: float,
+                           span: Span) -> AsyncIterator[bytes]:
         streaming = False
         try:
             yield (reserved.model_dump_json() + "\n").encode()
@@ -88,7 +101,10 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
             if stream is None:  # aborted while the KV was on its way
                 return
             streaming = True
-            outputs = stream.outputs if stream.local_prefill else _timing_first_decode(stream.outputs, metrics, time.perf_counter())
+            activated = time.perf_counter()
+            # A local prefill's first step is the prompt's (not a first decode step from KV that arrived).
+            outputs = _timed(stream.outputs, activated, span, ("kv_wait", received, activated),
+                             None if stream.local_prefill else metrics)
             async with contextlib.aclosing(ndjson_deltas(outputs, stream.local_prefill)) as lines:
                 async for line in lines:
                     yield line
@@ -101,12 +117,14 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
 
     @app.post(f"{API_PREFIX}/generate")
     async def generate(body: PromptRequest) -> ClosingStreamingResponse:
+        received = time.perf_counter()
         try:
             stream = await connector.prefill_locally(body.request_id, body.prompt_token_ids, _params(body),
                                                      body.resumed_token_ids)
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
-        return ClosingStreamingResponse(ndjson_deltas(stream), media_type=NDJSON)
+        return ClosingStreamingResponse(ndjson_deltas(_timed(stream, received, trace.get_current_span())),
+                                        media_type=NDJSON)
 
     @app.post(f"{API_PREFIX}/prefill_failed/{{request_id}}")
     def prefill_failed(request_id: str) -> dict[str, bool]:

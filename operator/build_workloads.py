@@ -16,7 +16,7 @@ from kvferry.logs import FORMAT_ENV, LEVEL_ENV
 from kvferry.operator.build_config import CONFIG_DIR, CONFIG_PATH, NODE_PORT
 from kvferry.operator.build_rbac import router_service_account_name
 from kvferry.operator.build_redis import redis_password_env
-from kvferry.operator.crd_model import EnvVar, InferenceClusterSpec, RoleSpec, RouterSpec
+from kvferry.operator.crd_model import EnvVar, InferenceClusterSpec, RoleSpec, RouterSpec, TracingSpec
 from kvferry.operator.internal_secret import TOKEN_KEY, internal_secret_name
 from kvferry.operator.model_source import parse_model_source
 from kvferry.operator.naming import (
@@ -30,6 +30,7 @@ from kvferry.operator.naming import (
 from kvferry.operator.security import container_security_context, pod_security_context
 from kvferry.redis_password import REDIS_PASSWORD_ENV
 from kvferry.router.api.draining import DRAIN_PATH
+from kvferry.tracing import ENDPOINT_ENV
 
 API_KEY_ENV = "KVFERRY_API_KEY"
 CLUSTER_TOKEN_ENV = "KVFERRY_CLUSTER_TOKEN"  # what kvferry.router.admission.auth.cluster_token_from reads, in every role
@@ -123,9 +124,20 @@ def _container_env(
         env[REDIS_PASSWORD_ENV] = redis_password_env(ref)
     env[LEVEL_ENV] = {"name": LEVEL_ENV, "value": spec.logging.level}
     env[FORMAT_ENV] = {"name": FORMAT_ENV, "value": spec.logging.format}
+    env.update(_tracing_env(spec.tracing))
     # The user's variables win over ours by name; server-side apply rejects a list with duplicate names.
     env.update({var.name: _env_var(var) for var in role_spec.env})
     return list(env.values())
+
+
+def _tracing_env(tracing: TracingSpec) -> dict[str, dict[str, str]]:
+    """The OpenTelemetry SDK's own variables (kvferry/tracing.py reads the endpoint; the SDK the sampler): the
+    routers sample, a node follows the decision its call carries."""
+    if tracing.otlp_endpoint is None:
+        return {}
+    values = {ENDPOINT_ENV: tracing.otlp_endpoint, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+              "OTEL_TRACES_SAMPLER_ARG": str(tracing.sample_ratio)}
+    return {name: {"name": name, "value": value} for name, value in values.items()}
 
 
 def _env_var(var: EnvVar) -> dict[str, Any]:

@@ -353,6 +353,15 @@ class LoggingSpec(KubeModel):
     format: LogFormat = Field("text", description="text, or json: one object a line, for a log pipeline.")
 
 
+class TracingSpec(KubeModel):
+    otlp_endpoint: str | None = Field(
+        None, min_length=1, pattern=r"^https?://",
+        description="OTLP/HTTP traces URL (e.g. http://otel-collector.observability:4318/v1/traces): every pod "
+        "exports its spans there, one trace per request across router, prefill and decode. None: tracing off.")
+    sample_ratio: float = Field(1.0, ge=0, le=1, description="The share of requests the routers trace; the nodes "
+                                "follow the router's decision (a client's sampled traceparent is followed too).")
+
+
 class InferenceClusterSpec(KubeModel):
     model: ModelSpec = Field(description="The model every node serves.")
     image: str = Field(
@@ -383,6 +392,7 @@ class InferenceClusterSpec(KubeModel):
         "stops with the old pods serving, and status says Degraded with the reason.",
     )
     logging: LoggingSpec = nested(LoggingSpec, "How the prefill, decode and router pods log (docs/kubernetes.md).")
+    tracing: TracingSpec = nested(TracingSpec, "OpenTelemetry traces of the requests (docs/router.md, tracing).")
     auth_secret: SecretKeyRef | None = Field(
         None, description="Secret holding the API key clients must send; without it the router is open."
     )

@@ -17,6 +17,7 @@ import dataclasses
 import time
 from dataclasses import dataclass
 
+from kvferry import tracing
 from kvferry.engine import AsyncLLMEngine, RequestOutput, SamplingParams
 from kvferry.node.metrics import NodeMetrics
 from kvferry.node.runtime import NodeRuntime
@@ -112,6 +113,11 @@ class PrefillConnector:
         self.metrics.observe_ttft("queue", queued)
         self.metrics.observe_ttft("prefill", prefilled - started - queued)
         self.metrics.observe_ttft("transfer", transferred - prefilled)
+        # The same phases as spans of the request's trace (the current span is the node's for the call).
+        tracing.record_phases([("queue", started, started + queued), ("compute", started + queued, prefilled),
+                               ("transfer", prefilled, transferred)],
+                              {"kvferry.prompt_tokens": prompt_tokens, "kvferry.cached_tokens": final.num_cached_tokens,
+                               "kvferry.kv_bytes": kv_bytes})
         self.metrics.observe_prefix(prompt_tokens, final.num_cached_tokens)
         self.metrics.transfer_seconds.observe(transferred - prefilled)
         self.metrics.transfer_bytes.inc(kv_bytes)

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI, HTTPException
 
 from kvferry.internal_api import API_PREFIX, PrefillRequest, PrefillResponse
-from kvferry.node.routes import add_common_routes, request_log
+from kvferry.node.routes import NODE_TELEMETRY, add_common_routes, request_log
 from kvferry.node.runtime import NodeRuntime
 from kvferry.prefill_node.connector import PrefillAborted, PrefillConnector
 from kvferry.transfer import LayoutMismatchError, TransferError
@@ -25,7 +25,7 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
         yield
         runtime.close()
 
-    app = FastAPI(title="kvferry prefill node", lifespan=lifespan)
+    app = FastAPI(title="kvferry prefill node", lifespan=lifespan, telemetry=NODE_TELEMETRY)
     add_common_routes(app, runtime)
 
     @app.post(f"{API_PREFIX}/prefill")

@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 
+from kvferry import tracing
 from kvferry.engine.tokenizer import tokenizer_fingerprint
 from kvferry.kvcache.node_registry import registry_from
 from kvferry.kvcache.prefix_index import PrefixIndex, prefix_index_from
@@ -146,7 +147,9 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
         await response_store.aclose()
         await client.aclose()
 
-    app = FastAPI(title="kvferry router", version="1", lifespan=lifespan)
+    # Traces (kvferry/tracing.py): FastAPI's span of an API request is its trace's root.
+    app = FastAPI(title="kvferry router", version="1", lifespan=lifespan,
+                  telemetry=tracing.fastapi_telemetry("/v1/", continued_only=False))
     app.openapi = lambda: _openapi_without_422(app)  # type: ignore[method-assign]
     install_error_handlers(app, on_invalid_body=lambda: metrics.request_done(400))
     app.add_middleware(BodyLimitMiddleware, max_bytes=config.max_body_bytes)

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from fastapi.responses import JSONResponse, Response
+from opentelemetry import trace
 from starlette.requests import Request
 
+from kvferry import tracing
 from kvferry.closing_response import ClosingStreamingResponse
 from kvferry.internal_api import SamplingSpec
 from kvferry.router.admission.limit import Admission
@@ -99,18 +101,26 @@ class CompletionService:
         """`fmt`: how the answer is written; default the body's own API (completions or chat)."""
         clock = _TokenClock(self.metrics, time.perf_counter())
         prompt_tokens = None
-        self.check(body)
+        with tracing.phase("admission"):
+            self.check(body)
+            self.admission.enter()
         fmt = fmt or ChatFormat(bool(body.stream and body.stream_options and body.stream_options.include_usage))
-        self.admission.enter()
         streaming, status = False, 500
+        dispatch = trace.INVALID_SPAN  # the span of the nodes' work, from the first call to the last token
         try:
-            prepared = self._prepare(body)
+            with tracing.phase("tokenize"):
+                prepared = self._prepare(body)
             prompt_tokens = prepared.prompt_tokens
-            merged = merge_streams(await self._open_streams(prepared.subs, prepared.session))
+            with tracing.phase("schedule"):
+                decisions = await self._schedule_choices(prepared.subs, prepared.session)
+            dispatch = tracing.tracer().start_span("dispatch")
+            merged = merge_streams([self.migration.stream(f"{uuid.uuid4().hex}-{sub.choice}", sub.prompt_ids, sub.spec,
+                                                          decision, self._reschedule, dispatch)
+                                    for sub, decision in zip(prepared.subs, decisions, strict=True)])
             if body.stream:
                 first = await until_disconnected(request, self._first(merged))
                 streaming = True
-                events = self._sse(prepared, merged, first, fmt.writer(prepared, self.plugins), clock)
+                events = self._sse(prepared, merged, first, fmt.writer(prepared, self.plugins), clock, dispatch)
                 await anext(events)  # started: from here on, closing it runs its cleanup
                 return ClosingStreamingResponse(events, media_type="text/event-stream")
             choices, usage = await until_disconnected(request, self._collect(prepared, merged, clock))
@@ -126,7 +136,7 @@ class CompletionService:
         finally:
             if not streaming:
                 self.admission.leave()
-                self._finished(status, clock, prompt_tokens, stream=False)
+                self._finished(status, clock, prompt_tokens, stream=False, dispatch=dispatch)
 
     async def _collect(self, prepared: Prepared, merged: AsyncIterator[tuple[int, list[dict]]],
                        clock: _TokenClock) -> tuple[list[Choice], TokenUsage]:
@@ -215,13 +225,12 @@ class CompletionService:
                  for p, ids in zip(context.prompts or [], context.prompt_token_ids or [], strict=True)]
         return [text for text in texts for _ in range(generated)]
 
-    async def _open_streams(self, subs: list[SubRequest], session: str | None) -> list[AsyncIterator[list[dict]]]:
-        """Schedule each choice (one prefix lookup per prompt) and open its node stream (the nodes are called
-        when it is first read). A session's choices go where its last turn went, while those nodes can take
-        them; where they go is its next turn's preference."""
+    async def _schedule_choices(self, subs: list[SubRequest], session: str | None) -> list[Decision]:
+        """Where each choice goes (one prefix lookup per prompt). A session's choices go where its last turn
+        went, while those nodes can take them; where they go is its next turn's preference."""
         nodes = self.cluster.views()
         requests: dict[int, SchedulingRequest] = {}
-        streams = []
+        decisions = []
         for sub in subs:
             if sub.prompt_index not in requests:
                 request = await self.lookup.request_for(sub.prompt_ids, nodes)
@@ -231,9 +240,8 @@ class CompletionService:
             decision = self._schedule(requests[sub.prompt_index], nodes, len(sub.prompt_ids))
             if session is not None:
                 self.sessions.record(session, frozenset(node.name for node in (decision.prefill, decision.decode) if node))
-            streams.append(self.migration.stream(f"{uuid.uuid4().hex}-{sub.choice}", sub.prompt_ids, sub.spec, decision,
-                                                 self._reschedule))
-        return streams
+            decisions.append(decision)
+        return decisions
 
     def _schedule(self, request: SchedulingRequest, nodes: list[NodeView], num_tokens: int) -> Decision:
         try:
@@ -265,7 +273,8 @@ class CompletionService:
             return None
 
     async def _sse(self, prepared: Prepared, merged: AsyncIterator[tuple[int, list[dict]]],
-                   first: tuple[int, list[dict]] | None, writer: StreamWriter, clock: _TokenClock) -> AsyncIterator[bytes]:
+                   first: tuple[int, list[dict]] | None, writer: StreamWriter, clock: _TokenClock,
+                   dispatch: trace.Span) -> AsyncIterator[bytes]:
         status = 200
         tally = prepared.tally()
         try:
@@ -292,10 +301,14 @@ class CompletionService:
             clock.flush()
             self.admission.leave()
             self._finished(status if status != 200 or clock.finished else CLIENT_LEFT, clock, prepared.prompt_tokens,
-                           stream=True)
+                           stream=True, dispatch=dispatch)
 
-    def _finished(self, status: int, clock: _TokenClock, prompt_tokens: int | None, stream: bool) -> None:
+    def _finished(self, status: int, clock: _TokenClock, prompt_tokens: int | None, stream: bool,
+                  dispatch: trace.Span) -> None:
         self.metrics.request_done(status, clock.tokens)
+        dispatch.end()
+        tracing.set_attributes({"gen_ai.usage.output_tokens": clock.tokens, "kvferry.stream": stream,
+                                **({"gen_ai.usage.input_tokens": prompt_tokens} if prompt_tokens is not None else {})})
         if request_log.isEnabledFor(logging.INFO):
             request_log.info("request finished", extra={"fields": {
                 "status": status, "stream": stream, "prompt_tokens": prompt_tokens, **clock.summary()}})

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from kvferry.logs import add_logging_arguments, configure_logging
 from kvferry.node.config import add_node_arguments, node_config_from
+from kvferry.tracing import add_tracing_arguments, configure_tracing
 
 if TYPE_CHECKING:
     from kvferry.router.config import RouterConfig
@@ -22,11 +23,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser = subparsers.add_parser(role, help=f"run a {role} node")
         add_node_arguments(parser, role)
         add_logging_arguments(parser)
+        add_tracing_arguments(parser)
         parser.set_defaults(func=_serve_node, role=role)
 
     router = subparsers.add_parser("router", help="run the OpenAI-compatible router (docs/router.md)")
     add_router_arguments(router)
     add_logging_arguments(router)
+    add_tracing_arguments(router)
     router.set_defaults(func=_serve_router)
 
     up = subparsers.add_parser("up", help="start redis (if found), prefill and decode nodes and the router locally")
@@ -50,6 +53,7 @@ def _serve_node(args: argparse.Namespace) -> int:
         config = node_config_from(args, args.role)
     except (ValueError, OSError) as exc:
         raise SystemExit(f"kvferry {args.role}: bad configuration: {exc}") from None
+    configure_tracing(f"kvferry-{args.role}", args.otlp_traces_endpoint, instance=config.name)
     from kvferry.engine.model_source import MODEL_SOURCE_ERRORS
 
     try:
@@ -160,6 +164,7 @@ def _serve_router(args: argparse.Namespace) -> int:
         tls = _tls_files(args.tls_cert_file, args.tls_key_file)
     except (ValidationError, ValueError, OSError) as exc:
         raise SystemExit(f"kvferry router: bad configuration: {exc}") from None
+    configure_tracing("kvferry-router", args.otlp_traces_endpoint)
     # uvloop and httptools: the router relays every token of every stream, and the pure-Python event loop
     # and HTTP writer were most of its CPU time per token (docs/router.md, overhead).
     uvicorn.run(create_app(config), host=args.host, port=args.port, **_UVICORN_LOGGING, **tls,

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 
+from kvferry import tracing
+from kvferry.internal_api import API_PREFIX
 from kvferry.node.runtime import NodeRuntime
 from kvferry.router.admission.auth import PROBE_PATHS, APIKeyMiddleware
 from kvferry.router.api.request_id import RequestIdMiddleware
@@ -17,6 +19,8 @@ log = logging.getLogger(__name__)
 request_log = logging.getLogger("kvferry.node.requests")
 # Monitoring stays open: Prometheus scrapes /metrics, and /stats is its JSON twin (counters, no control).
 OPEN_PATHS = PROBE_PATHS | {"/metrics", "/stats"}
+# Traces (kvferry/tracing.py): a node's span of an internal call continues the router's trace it carries.
+NODE_TELEMETRY = tracing.fastapi_telemetry(API_PREFIX, continued_only=True)
 
 
 def add_common_routes(

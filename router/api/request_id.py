@@ -7,6 +7,7 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from kvferry import tracing
 from kvferry.request_id import (
     MAX_REQUEST_ID_LENGTH,
     REQUEST_ID_HEADER,
@@ -51,6 +52,7 @@ class RequestIdMiddleware:
             await send(message)
 
         token = bind_request_id(request_id)
+        tracing.set_attributes({"kvferry.request_id": request_id})  # on the request's span (FastAPI's)
         try:
             await self.app(scope, receive, with_id)
         finally:

@@ -15,6 +15,9 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+from opentelemetry.trace import Span
+
+from kvferry import tracing
 from kvferry.internal_api import SamplingSpec
 from kvferry.router.api.errors import APIError
 from kvferry.router.discovery.nodes import NodeView
@@ -34,15 +37,17 @@ class Migration:
         self.flow, self.metrics, self.max_migrations = flow, metrics, max_migrations
 
     async def stream(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec, decision: Decision,
-                     reschedule: Reschedule) -> AsyncIterator[list[dict[str, Any]]]:
-        """PDFlow.stream's batches, continued on another decode node whenever one is lost."""
+                     reschedule: Reschedule, trace_parent: Span) -> AsyncIterator[list[dict[str, Any]]]:
+        """PDFlow.stream's batches, continued on another decode node whenever one is lost. `trace_parent`: the
+        span the node calls' spans belong to (the request's dispatch)."""
         sent: list[int] = []  # the output tokens the client has
         lost: set[str] = set()
         attempt = 0
         while True:
             node_request_id = request_id if attempt == 0 else f"{request_id}-m{attempt}"
             try:
-                async for batch in self.flow.stream(node_request_id, prompt_ids, spec, decision, list(sent)):
+                async for batch in self.flow.stream(node_request_id, prompt_ids, spec, decision, list(sent),
+                                                    tracing.headers_for(trace_parent)):
                     for chunk in batch:
                         sent += chunk["token_ids"]
                     yield batch

@@ -30,13 +30,14 @@ class NodeStreams:
         self.headers = dict(headers)
         self._session: aiohttp.ClientSession | None = None
 
-    def post(self, url: str, body: dict[str, Any]) -> Any:  # an `async with` of an aiohttp.ClientResponse
+    def post(self, url: str, body: dict[str, Any], headers: Mapping[str, str]) -> Any:  # `async with` a ClientResponse
+        """`headers`: the call's own (trace context), beside the session's and the request id."""
         if self._session is None:  # made on first use: a session belongs to the running event loop
             self._session = aiohttp.ClientSession(
                 headers=self.headers, timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_SECONDS),
                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS),
             )
-        return self._session.post(url, data=orjson.dumps(body), headers={**JSON_HEADERS, **request_id_headers()})
+        return self._session.post(url, data=orjson.dumps(body), headers={**JSON_HEADERS, **request_id_headers(), **headers})
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -72,10 +72,11 @@ class PDFlow:
         self._aborts: set[asyncio.Task] = set()
 
     async def stream(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec, decision: Decision,
-                     resumed: list[int]) -> AsyncIterator[list[dict[str, Any]]]:
+                     resumed: list[int], trace_headers: dict[str, str]) -> AsyncIterator[list[dict[str, Any]]]:
         """The decode node's chunks (internal_api.StreamChunk as dicts), in order, in batches of those that
         arrived together. `resumed`: output tokens the client has from a decode node that died (the
-        chunks continue after them). Raises DecodeNodeLost."""
+        chunks continue after them). `trace_headers`: the trace context both node calls carry (tracing.py).
+        Raises DecodeNodeLost."""
         decode, prefill = decision.decode, decision.prefill
         body = {"request_id": request_id, "prompt_token_ids": prompt_ids, "sampling": spec.model_dump(),
                 "resumed_token_ids": resumed}
@@ -91,7 +92,7 @@ class PDFlow:
             try:
                 opened = time.perf_counter()
                 self.metrics.node_calls.labels(route=route).inc()
-                async with self.streams.post(f"{decode.url}{API_PREFIX}/{route}", body) as response:
+                async with self.streams.post(f"{decode.url}{API_PREFIX}/{route}", body, trace_headers) as response:
                     if response.status == 503 and prefill is not None:
                         raise overloaded(503, f"decode node {decode.name} has no room: {_detail(await response.read())}")
                     async with contextlib.aclosing(self._batches(response, decode.url)) as batches:
@@ -103,7 +104,7 @@ class PDFlow:
                                 raise DecodeNodeLost(decode, "its stream closed before reserving")
                             reserved, *chunks = first
                             batch = await self._prefill_watching_decode(batches, body, reserved["handle"], decision,
-                                                                        opened)
+                                                                        opened, trace_headers)
                             if chunks:  # D held the whole prompt: its tokens came with the handle
                                 finished = chunks[-1].get("finish_reason") is not None
                                 yield chunks
@@ -133,13 +134,13 @@ class PDFlow:
                 yield batch
 
     async def _prefill_watching_decode(self, batches: AsyncIterator[list[dict[str, Any]]], body: dict[str, Any],
-                                       handle: dict[str, Any], decision: Decision,
-                                       opened: float) -> list[dict[str, Any]] | None:
+                                       handle: dict[str, Any], decision: Decision, opened: float,
+                                       trace_headers: dict[str, str]) -> list[dict[str, Any]] | None:
         """P's prefill while D's stream is watched; returns D's next batch once P answered (None: D's stream
         closed). A decode node that dies while P works ends the prefill call at once (P is told to abort and
         frees the KV it held) instead of after P's write into the dead node timed out and P answered. The batch's
         first chunk carries the prompt tokens P did not compute, where P prefilled."""
-        prefill_call = asyncio.ensure_future(self._prefill_remotely(body, handle, decision, opened))
+        prefill_call = asyncio.ensure_future(self._prefill_remotely(body, handle, decision, opened, trace_headers))
         next_batch = asyncio.ensure_future(anext(batches, None))
         try:
             await asyncio.wait((prefill_call, next_batch), return_when=asyncio.FIRST_COMPLETED)
@@ -158,7 +159,7 @@ class PDFlow:
             await asyncio.gather(*unfinished, return_exceptions=True)
 
     async def _prefill_remotely(self, body: dict[str, Any], handle: dict[str, Any], decision: Decision,
-                                opened: float) -> int | None:
+                                opened: float, trace_headers: dict[str, str]) -> int | None:
         """Prefill on P into D's reservation; returns the tokens P computed. When P fails, D is told at once and
         prefills locally (None). `opened`: when D's stream was requested (what the P/D path costs is timed from
         there)."""
@@ -171,7 +172,7 @@ class PDFlow:
             with self.cluster.track(prefill.url):
                 self.metrics.node_calls.labels(route="prefill").inc()
                 response = await self.client.post(f"{prefill.url}{API_PREFIX}/prefill", json={**body, "handle": handle},
-                                                  timeout=self.prefill_timeout)
+                                                  timeout=self.prefill_timeout, headers=trace_headers)
             answered = True
         except httpx.TimeoutException:
             reason = "prefill_timeout"

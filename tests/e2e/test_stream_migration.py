@@ -155,7 +155,10 @@ def test_a_decode_node_lost_while_the_prefill_node_works_ends_the_prefill_call_a
     cluster = DisaggregatedCluster(tiny_models["llama"], num_prefill=0)
     try:
         cluster.urls["prefill-stalling"] = stalling.url
-        router = cluster.add_router("router-stalled", ["prefill-stalling", "decode-0"], [])
+        # The fake publishes no registry record, so this router reads none (an empty folder): a router that
+        # knows no node's KV identity pairs any prefill node with any decode node.
+        router = cluster.add_router("router-stalled", ["prefill-stalling", "decode-0"],
+                                    ["--registry", f"file://{cluster.local.workdir / 'no-records'}"])
         with ThreadPoolExecutor(1) as pool:
             call = pool.submit(httpx.post, f"{router}/v1/completions", json=_body(STREAMS, stream=False), timeout=60)
             cluster.wait_until(lambda: stalling.prefill_ids(), 30, "the prefill call out to the stalling node")

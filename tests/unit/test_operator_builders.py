@@ -391,6 +391,22 @@ def test_the_specs_logging_reaches_every_role() -> None:
         spec(logging={"format": "xml"})
 
 
+def test_the_specs_tracing_reaches_every_role_and_is_absent_when_off() -> None:
+    endpoint = "http://collector.observability:4318/v1/traces"
+    traced = spec(tracing={"otlpEndpoint": endpoint, "sampleRatio": 0.25})
+    for role in ("prefill", "decode", "router"):
+        env = {var["name"]: var["value"] for var in container(build_role_deployment(REF, traced, role, "h", 1))["env"]
+               if var["name"].startswith("OTEL_")}
+        assert env == {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": endpoint, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+                       "OTEL_TRACES_SAMPLER_ARG": "0.25"}, role
+    untraced = container(build_role_deployment(REF, spec(), "router", "h", 1))["env"]
+    assert not [var for var in untraced if var["name"].startswith("OTEL_")]
+    with pytest.raises(ValueError, match="otlpEndpoint"):
+        spec(tracing={"otlpEndpoint": "collector:4318"})
+    with pytest.raises(ValueError, match="sampleRatio"):
+        spec(tracing={"otlpEndpoint": endpoint, "sampleRatio": 2})
+
+
 def test_a_router_tls_secret_serves_https_with_probes_and_hook_to_match() -> None:
     s = spec(router={"tlsSecret": "router-cert"})
     deployments = {c["metadata"]["name"]: c for c in build_children(REF, s, {}) if c["kind"] == "Deployment"}

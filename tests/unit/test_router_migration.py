@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
+from opentelemetry.trace import INVALID_SPAN
 
 from kvferry.internal_api import SamplingSpec
 from kvferry.router.api.errors import APIError
@@ -31,7 +32,7 @@ class ScriptedFlow:
         self.calls: list[tuple[str, str, list[int]]] = []  # (node, request id, resumed)
 
     async def stream(self, request_id: str, prompt_ids: list[int], spec: SamplingSpec, decision: Decision,
-                     resumed: list[int]) -> AsyncIterator[list[dict]]:
+                     resumed: list[int], trace_headers: dict[str, str]) -> AsyncIterator[list[dict]]:
         node = decision.decode
         self.calls.append((node.name, request_id, resumed))
         batches, dies = self.scripts[node.name]
@@ -45,7 +46,7 @@ class ScriptedFlow:
 def _run(migration: Migration, reschedule) -> list[int]:
     async def collect() -> list[int]:
         tokens = []
-        async for batch in migration.stream("req", PROMPT, SamplingSpec(), _decision("d0"), reschedule):
+        async for batch in migration.stream("req", PROMPT, SamplingSpec(), _decision("d0"), reschedule, INVALID_SPAN):
             tokens += [t for chunk in batch for t in chunk["token_ids"]]
         return tokens
 
