@@ -112,10 +112,12 @@ def phase(name: str) -> Iterator[None]:
 def record_phases(phases: Sequence[tuple[str, float, float]], attributes: Mapping[str, str | int] | None = None,
                   parent: trace.Span | None = None) -> None:
     """Spans for phases timed already: (name, start, end) in `time.perf_counter()` seconds, as children of
-    `parent` (default the current span). Nothing is built while tracing is off."""
-    if not _enabled:
+    `parent` (default the current span). Nothing is built while tracing is off or the parent is not recorded
+    (without that check, a node's call that carries no trace would start traces of its own phases)."""
+    parent = parent if parent is not None else trace.get_current_span()
+    if not _enabled or not parent.is_recording():  # off, a call nobody traces, or a trace not sampled
         return
-    context = trace.set_span_in_context(parent if parent is not None else trace.get_current_span())
+    context = trace.set_span_in_context(parent)
     offset_ns = time.time_ns() - time.perf_counter_ns()  # the two clocks' difference, read once for every phase
     for name, start, end in phases:
         span = _tracer.start_span(name, context=context, start_time=offset_ns + round(start * 1e9),

@@ -62,6 +62,10 @@ def test_one_request_is_one_trace_across_router_prefill_and_decode(traced) -> No
         e2e = _stream(client, cluster.router, f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01")
         # A client's trace that it did not sample: the router follows that decision, and so do the nodes.
         _stream(client, cluster.router, f"00-{UNSAMPLED_TRACE}-{CLIENT_SPAN}-00")
+        # A node call that carries no trace context (as from a router without tracing) is not traced at all.
+        untraced = client.post(f"{cluster.urls['decode-0']}/internal/v1/generate",
+                               json={"request_id": "untraced", "prompt_token_ids": [1, 2, 3], "sampling": {"max_tokens": 2}})
+        assert untraced.status_code == 200
         _stream(client, cluster.router, f"00-{'1' * 32}-{CLIENT_SPAN}-01")  # ends after the unsampled one's
 
     def exported() -> list[ReceivedSpan] | None:
@@ -70,7 +74,7 @@ def test_one_request_is_one_trace_across_router_prefill_and_decode(traced) -> No
         return spans if services == {"kvferry-router", "kvferry-prefill", "kvferry-decode"} else None
 
     spans = cluster.wait_until(exported, 30, "the third request's spans from all three processes")
-    assert not [span for span in spans if span.trace_id == UNSAMPLED_TRACE]
+    assert {span.trace_id for span in spans} == {CLIENT_TRACE, "1" * 32}  # nothing of the others
     trace = [span for span in spans if span.trace_id == CLIENT_TRACE]
     assert {span.service for span in trace} == {"kvferry-router", "kvferry-prefill", "kvferry-decode"}
     ids = {span.span_id for span in trace}
