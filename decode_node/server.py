@@ -105,7 +105,7 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
             # A local prefill's first step is the prompt's (not a first decode step from KV that arrived).
             outputs = _timed(stream.outputs, activated, span, ("kv_wait", received, activated),
                              None if stream.local_prefill else metrics)
-            async with contextlib.aclosing(ndjson_deltas(outputs, stream.local_prefill)) as lines:
+            async with contextlib.aclosing(ndjson_deltas(outputs, activated, stream.local_prefill)) as lines:
                 async for line in lines:
                     yield line
         finally:
@@ -123,7 +123,7 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
                                                      body.resumed_token_ids)
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
-        return ClosingStreamingResponse(ndjson_deltas(_timed(stream, received, trace.get_current_span())),
+        return ClosingStreamingResponse(ndjson_deltas(_timed(stream, received, trace.get_current_span()), received),
                                         media_type=NDJSON)
 
     @app.post(f"{API_PREFIX}/prefill_failed/{{request_id}}")

@@ -100,3 +100,6 @@ class StreamChunk(_Strict):
     # On the first line: the prompt tokens this node did not compute (its prefix cache held their KV). A
     # /decode stream's KV came from the prefill node, whose own count the router puts in its place.
     cached_tokens: int | None = None
+    # On the first line: seconds from when this node could begin (its KV arrived; a /generate call came) to
+    # this line, its first step's part of the time to first token (the router's TTFT phases).
+    first_step_seconds: float | None = None

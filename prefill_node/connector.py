@@ -71,6 +71,9 @@ class PrefillConnector:
         try:
             # The write blocks until the decode node confirms or the transfer timeout passes.
             kv_bytes = await asyncio.to_thread(self.sender.send_blocks, request_id, final.kv_block_ids or [], handle)
+            # The KV is in the decode node's pool, which is decoding from it already: the release below is this
+            # node's bookkeeping, not the request's wait (the router's TTFT phases add this node's to D's).
+            transferred = time.perf_counter()
         except LayoutMismatchError:
             raise  # refused before any byte moved: a configuration error, not a failed transfer
         except TransferError as exc:
@@ -81,7 +84,6 @@ class PrefillConnector:
             await self._release(request_id)
         if request_id in self._aborted:
             raise PrefillAborted(f"request {request_id!r} was aborted")
-        transferred = time.perf_counter()
         self._observe(final, len(prompt_ids), started, prefilled, transferred, kv_bytes)
         queued = final.queue_seconds or 0.0
         return PrefillResult(kv_bytes, len(prompt_ids) - final.num_cached_tokens, queued, prefilled - started - queued,

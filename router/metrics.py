@@ -7,6 +7,7 @@ import math
 from bisect import bisect_left
 from collections import Counter as Tally
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import HistogramMetricFamily
@@ -46,6 +47,23 @@ class BulkHistogram(Collector):
         yield HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=self.sum)
 
 
+# The time to first token of one request, in parts that add up to it: the router's own (admission, tokenizing,
+# scheduling), the prefill node's as it measured them (a disaggregated prompt), the first step on the decode
+# node (from its KV's arrival; a prompt it prefilled itself: from the call), and the rest (the node calls'
+# round trips, the decode node's reservation, the relay of the first token). They are read on three
+# processes' clocks: the prefill node hears that its last write landed a moment after the decode node began,
+# so where that moment is longer than the rest, `other` is 0 and the phases exceed TTFT by it.
+TTFT_PHASES = ("router", "prefill_queue", "prefill_compute", "transfer", "first_step", "other")
+
+
+def ttft_phases(ttft: float, router: float, first_chunk: dict[str, Any]) -> dict[str, float]:
+    """A request's TTFT phases from its first chunk (the nodes' reports on it: internal_api.StreamChunk's
+    first_step_seconds, and the prefill phases pd_flow.py puts on it); `other` is what they leave."""
+    phases = {"router": router, **first_chunk.get("prefill_phases", {}),
+              "first_step": first_chunk.get("first_step_seconds") or 0.0}
+    return {**phases, "other": max(0.0, ttft - sum(phases.values()))}
+
+
 class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -56,6 +74,9 @@ class RouterMetrics:
                                  TOKEN_GAP_BUCKETS, r)
         self.e2e = Histogram("kvferry:e2e_request_latency_seconds", "Request arrival to last token",
                              buckets=LATENCY_BUCKETS, registry=r)
+        self._ttft_phases = Histogram("kvferry:router_ttft_phase_seconds", "Time to first token of each request, "
+                                      "by phase: the phases of one request add up to its TTFT", ["phase"],
+                                      buckets=LATENCY_BUCKETS, registry=r)
         self.requests = Counter("kvferry:router_requests", "Finished requests by HTTP status", ["status"], registry=r)
         self.prompt_tokens = Counter("kvferry:prompt_tokens", "Prompt tokens routed", registry=r)
         self.generation_tokens = Counter("kvferry:generation_tokens", "Tokens generated for finished requests, "
@@ -80,6 +101,11 @@ class RouterMetrics:
         self.generation_tokens.inc(generated_tokens)
         self.tally["requests"] += 1
         self.tally["generation_tokens"] += generated_tokens
+
+    def observe_ttft_phases(self, phases: dict[str, float]) -> None:
+        for phase in TTFT_PHASES:
+            if phase in phases:
+                self._ttft_phases.labels(phase=phase).observe(phases[phase])
 
     def routed(self, policy: str, role: str, node: str) -> None:
         self.decisions.labels(policy=policy, role=role, node=node).inc()

@@ -41,7 +41,7 @@ from kvferry.router.api.tool_calls import ToolUse, template_messages
 from kvferry.router.discovery.cluster import ClusterState
 from kvferry.router.discovery.nodes import NodeView
 from kvferry.router.dispatch.migration import Migration
-from kvferry.router.metrics import RouterMetrics
+from kvferry.router.metrics import RouterMetrics, ttft_phases
 from kvferry.router.scheduling import Decision, NoNodeAvailable, Scheduler, SchedulingRequest
 from kvferry.router.scheduling.prefix_lookup import PrefixLookup
 from kvferry.router.scheduling.sessions import SessionAffinity
@@ -114,6 +114,7 @@ class CompletionService:
             with tracing.phase("schedule"):
                 decisions = await self._schedule_choices(prepared.subs, prepared.session)
             dispatch = tracing.tracer().start_span("dispatch")
+            clock.dispatched = time.perf_counter()
             merged = merge_streams([self.migration.stream(f"{uuid.uuid4().hex}-{sub.choice}", sub.prompt_ids, sub.spec,
                                                           decision, self._reschedule, dispatch)
                                     for sub, decision in zip(prepared.subs, decisions, strict=True)])
@@ -362,6 +363,7 @@ class _TokenClock:
 
     def __init__(self, metrics: RouterMetrics, arrived: float) -> None:
         self.metrics, self.arrived = metrics, arrived
+        self.dispatched = arrived  # when the first node call went out: the router's own part of TTFT ends
         self.tokens = 0  # every choice's
         self.first_token_s: float | None = None
         self.last: dict[int, float] = {}
@@ -385,6 +387,7 @@ class _TokenClock:
         elif not self.last:
             self.first_token_s = now - self.arrived
             self.metrics.ttft.observe(self.first_token_s)
+            self.metrics.observe_ttft_phases(ttft_phases(self.first_token_s, self.dispatched - self.arrived, chunks[0]))
         self.last[choice] = now
 
     def done(self) -> None:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import AsyncIterator
 
 from kvferry.engine import RequestOutput
 from kvferry.internal_api import StreamChunk
 
 
-async def ndjson_deltas(stream: AsyncIterator[RequestOutput], local_prefill: str | None = None) -> AsyncIterator[bytes]:
-    """Cumulative engine outputs -> one JSON line per step with only what is new (n == 1). `local_prefill`
-    (why a decode node prefilled a prompt whose KV did not come) goes on the first line."""
+async def ndjson_deltas(stream: AsyncIterator[RequestOutput], started: float,
+                        local_prefill: str | None = None) -> AsyncIterator[bytes]:
+    """Cumulative engine outputs -> one JSON line per step with only what is new (n == 1). The first line
+    carries the seconds since `started` (time.perf_counter(): when this node could begin) and
+    `local_prefill` (why a decode node prefilled a prompt whose KV did not come)."""
     sent_tokens, sent_text = 0, 0
     try:
         async for output in stream:
@@ -23,6 +26,7 @@ async def ndjson_deltas(stream: AsyncIterator[RequestOutput], local_prefill: str
                 logprobs=completion.logprobs[sent_tokens:] if completion.logprobs is not None else None,
                 local_prefill=None if sent_tokens else local_prefill,
                 cached_tokens=None if sent_tokens else output.num_cached_tokens,
+                first_step_seconds=None if sent_tokens else time.perf_counter() - started,
             )
             sent_tokens, sent_text = len(completion.token_ids), len(completion.text)
             yield (chunk.model_dump_json() + "\n").encode()

@@ -138,18 +138,23 @@ class PDFlow:
                                        trace_headers: dict[str, str]) -> list[dict[str, Any]] | None:
         """P's prefill while D's stream is watched; returns D's next batch once P answered (None: D's stream
         closed). A decode node that dies while P works ends the prefill call at once (P is told to abort and
-        frees the KV it held) instead of after P's write into the dead node timed out and P answered. The batch's
-        first chunk carries the prompt tokens P did not compute, where P prefilled."""
+        frees the KV it held) instead of after P's write into the dead node timed out and P answered. Where P
+        prefilled, the batch's first chunk carries the prompt tokens P did not compute and P's phases of the
+        time to first token (seconds)."""
         prefill_call = asyncio.ensure_future(self._prefill_remotely(body, handle, decision, opened, trace_headers))
         next_batch = asyncio.ensure_future(anext(batches, None))
         try:
             await asyncio.wait((prefill_call, next_batch), return_when=asyncio.FIRST_COMPLETED)
             if not prefill_call.done() and (next_batch.exception() is not None or next_batch.result() is None):
                 return await next_batch  # D's stream broke (raises) or closed; P's call is cancelled below
-            computed = await prefill_call
+            prefilled = await prefill_call
             batch = await next_batch
-            if batch and computed is not None:
-                batch[0]["cached_tokens"] = len(body["prompt_token_ids"]) + len(body["resumed_token_ids"]) - computed
+            if batch and prefilled is not None:
+                total = len(body["prompt_token_ids"]) + len(body["resumed_token_ids"])
+                batch[0]["cached_tokens"] = total - prefilled["computed_tokens"]
+                batch[0]["prefill_phases"] = {"prefill_queue": prefilled["queue_ms"] / 1e3,
+                                              "prefill_compute": prefilled["prefill_ms"] / 1e3,
+                                              "transfer": prefilled["transfer_ms"] / 1e3}
             return batch
         finally:
             # Both end here, the generator's read too: `batches` is closed by the caller, not while it runs.
@@ -159,8 +164,8 @@ class PDFlow:
             await asyncio.gather(*unfinished, return_exceptions=True)
 
     async def _prefill_remotely(self, body: dict[str, Any], handle: dict[str, Any], decision: Decision,
-                                opened: float, trace_headers: dict[str, str]) -> int | None:
-        """Prefill on P into D's reservation; returns the tokens P computed. When P fails, D is told at once and
+                                opened: float, trace_headers: dict[str, str]) -> dict[str, Any] | None:
+        """Prefill on P into D's reservation; returns P's answer. When P fails, D is told at once and
         prefills locally (None). `opened`: when D's stream was requested (what the P/D path costs is timed from
         there)."""
         decode, prefill = decision.decode, decision.prefill
@@ -193,9 +198,9 @@ class PDFlow:
             return None
         if response.status_code != 200:
             raise _passed_through(response.status_code, response.content, f"prefill node {prefill.name}")
-        prefilled = response.json()
+        prefilled = response.json()  # internal_api.PrefillResponse, read leniently: a newer node may say more
         self._measured(prefilled, time.perf_counter() - opened)
-        return int(prefilled["computed_tokens"])
+        return prefilled
 
     def _measured(self, prefilled: dict[str, Any], seconds: float) -> None:
         """One P/D request's costs for the P/D decision: P's compute, and what the path added beyond it."""

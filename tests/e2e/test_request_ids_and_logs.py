@@ -68,3 +68,28 @@ def test_the_clients_request_id_reaches_every_process_and_its_log_lines(json_log
     [reserved] = [line for line in lines("decode-0", CLIENT_ID) if line["message"] == "decode reserved"]
     assert reserved["node_request_id"] == sent["node_request_id"]
     assert all({"time", "level", "logger", "message"} <= line.keys() for line in _json_lines(cluster.log("router")))
+
+
+def test_the_routers_ttft_phases_add_up_to_each_ttft_and_agree_with_the_nodes(json_logged_cluster) -> None:
+    cluster = json_logged_cluster
+    for stream in (False, True, False):
+        _complete(cluster.router, {}, stream=stream)
+
+    def router(metric: str) -> float:
+        return cluster.metric("router", metric)
+
+    def phase(name: str, part: str = "sum") -> float:
+        return router(f'kvferry:router_ttft_phase_seconds_{part}{{phase="{name}"}}')
+
+    phases = ("router", "prefill_queue", "prefill_compute", "transfer", "first_step", "other")
+    assert all(phase(name, "count") == 3 for name in phases)
+    # Each request's phases add up to its TTFT, so the sums do too (within what two processes' clock readings
+    # can overlap: the prefill node hears that its last write landed a moment after the decode node began).
+    ttft = router("kvferry:time_to_first_token_seconds_sum")
+    assert sum(phase(name) for name in phases) == pytest.approx(ttft, rel=0.02)
+    assert all(phase(name) > 0 for name in ("router", "prefill_compute", "transfer", "first_step"))
+    # The prefill node's part is what it measured itself (its own histograms: queue, prefill, transfer).
+    prefill_part = phase("prefill_queue") + phase("prefill_compute") + phase("transfer")
+    assert prefill_part == pytest.approx(cluster.metric("prefill-0", "kvferry:ttft_phase_seconds_sum"), abs=1e-3)
+    # The decode node's first step too, as its first_decode histogram has it (a clock read apart).
+    assert phase("first_step") == pytest.approx(cluster.metric("decode-0", "kvferry:ttft_phase_seconds_sum"), abs=3e-3)

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from kvferry.closing_response import ClosingStreamingResponse
 from kvferry.router.api.completion_shapes import ResponseShape, sse
 from kvferry.router.dispatch.node_streams import ndjson_batches
-from kvferry.router.metrics import TOKEN_GAP_BUCKETS, BulkHistogram
+from kvferry.router.metrics import TOKEN_GAP_BUCKETS, BulkHistogram, RouterMetrics, ttft_phases
 
 TEXTS = ["", " the", 'a "quoted" \\ back\nslash', "é 🚀 \x00 \u2028"]
 
@@ -128,3 +128,21 @@ def test_a_stream_that_fails_fails_its_response():
 
     with pytest.raises(RuntimeError, match="node gone"):
         asyncio.run(serve())
+
+
+def test_a_requests_ttft_phases_take_the_nodes_reports_and_leave_the_rest_to_other():
+    first = {"token_ids": [5], "first_step_seconds": 0.2,
+             "prefill_phases": {"prefill_queue": 0.1, "prefill_compute": 0.5, "transfer": 0.05}}
+    phases = ttft_phases(1.0, 0.03, first)
+    assert phases == pytest.approx({"router": 0.03, "prefill_queue": 0.1, "prefill_compute": 0.5, "transfer": 0.05,
+                                    "first_step": 0.2, "other": 0.12})
+    assert sum(phases.values()) == pytest.approx(1.0)
+    # A prompt the decode node prefilled itself: its first step holds the prefill; no prefill phases.
+    assert ttft_phases(0.5, 0.01, {"first_step_seconds": 0.45}) == pytest.approx(
+        {"router": 0.01, "first_step": 0.45, "other": 0.04})
+    # Readings of three clocks that overlap by more than the rest: other is 0, never negative.
+    assert ttft_phases(0.5, 0.1, {"first_step_seconds": 0.45})["other"] == 0.0
+    metrics = RouterMetrics()
+    metrics.observe_ttft_phases(phases)
+    text = metrics.exposition().decode()
+    assert 'kvferry:router_ttft_phase_seconds_count{phase="other"} 1.0' in text
