@@ -48,6 +48,8 @@ class Observation:
     kv_usage: float | None = None  # decode: fraction of KV blocks in use, mean over the replicas
     queue_p90_s: float | None = None  # prefill, where its nodes report it: the wait for a first step, p90
     compute_p90_s: float | None = None  # prefill: a prompt's compute alone, p90 over all the nodes have done
+    busy_replicas: float | None = None  # prefill, where its nodes report it: their busy seconds per second
+    compute_mean_s: float | None = None  # prefill: the node-seconds a prompt costs, mean over all they have done
 
 
 @dataclass(frozen=True)
