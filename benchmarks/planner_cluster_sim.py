@@ -15,7 +15,8 @@ Not kvferry's nodes (a model of them, named so), driven by the costs measured on
 What the operator's planner would scrape comes out as the router's counters (RouterTotals, with the
 router's own histogram buckets), each role's gauges (NodeGauges) and each prefill replica's TTFT phases
 (PrefillPhases: its prompts' wait for their first step and their compute, with the node's own buckets,
-observed when the prefill ends as the node observes them), so readings.py turns them into Observations
+observed when the prefill ends as the node observes them; and its busy seconds, the compute done so far,
+which the node counts step by step), so readings.py turns them into Observations
 exactly as it turns real scrapes into them.
 """
 
@@ -76,8 +77,14 @@ class Replica:
 @dataclass(eq=False)
 class PrefillReplica(Replica):
     free_s: float = 0.0  # when its queue has emptied
+    assigned_s: float = 0.0  # the compute of every prompt sent to it
     queue: Histogram = field(default_factory=lambda: Histogram(NODE_LATENCY_BUCKETS))  # waits for a first step
     compute: Histogram = field(default_factory=lambda: Histogram(NODE_LATENCY_BUCKETS))  # the prefills themselves
+
+    def busy_s(self, now_s: float) -> float:
+        """Compute done by `now_s`: what was sent to it less what its queue still holds (a FIFO server is busy
+        without a break from now until its queue empties)."""
+        return self.assigned_s - max(0.0, self.free_s - max(now_s, self.ready_s))
 
 
 @dataclass(eq=False)
@@ -169,7 +176,8 @@ class ClusterSim:
     def prefill_phases(self) -> PrefillPhases:
         serving = self.serving("prefill")
         return PrefillPhases({r.name: r.queue.cumulative() for r in serving},  # type: ignore[attr-defined]
-                             {r.name: r.compute.cumulative() for r in serving})  # type: ignore[attr-defined]
+                             {r.name: r.compute.cumulative() for r in serving},  # type: ignore[attr-defined]
+                             {r.name: r.busy_s(self.now_s) for r in serving})  # type: ignore[attr-defined]
 
     def gauges(self, role: str) -> NodeGauges:
         serving = self.serving(role)
@@ -222,14 +230,16 @@ class ClusterSim:
     def _arrive(self, index: int) -> None:
         request = self.requests[index]
         self._prompt_tokens += request.prompt_tokens
+        compute_s = self._prefill_s[request.prompt_tokens]
         if self.serving("prefill"):
             replica = heapq.heappop(self._by_free)[2]
-            replica.free_s = max(self.now_s, replica.free_s) + self._prefill_s[request.prompt_tokens]
+            replica.free_s = max(self.now_s, replica.free_s) + compute_s
             heapq.heappush(self._by_free, (replica.free_s, next(self._order), replica))
         else:  # a starting replica takes work only when none serves (its queue starts when it is ready)
             starting = [r for r in self.replicas["prefill"].values() if not r.draining]
             replica = min(starting, key=lambda r: r.free_s)  # type: ignore[assignment, attr-defined]
-            replica.free_s += self._prefill_s[request.prompt_tokens]
+            replica.free_s += compute_s
+        replica.assigned_s += compute_s
         self._push(replica.free_s, "prefilled", (index, replica))
 
     def _prefilled(self, index: int, replica: PrefillReplica) -> None:

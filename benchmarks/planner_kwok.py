@@ -7,7 +7,8 @@ start as tests/e2e/test_kubernetes_autoscaling.py starts them; an InferenceClust
 and decode is applied. This process then drives an Autoscaler (operator/autoscaler.py) of its own, once an
 interval of simulated time, with a fake clock and a `fetch` that answers each pod's /metrics URL with
 Prometheus text made from the simulated cluster (planner_cluster_sim.py): the router's histograms and
-counters, each node pod's gauges, and each prefill pod's TTFT phase histograms (queue, prefill). The simulated cluster has one replica per pod the API shows: a pod that
+counters, each node pod's gauges, and each prefill pod's TTFT phase histograms (queue, prefill) and busy
+seconds. The simulated cluster has one replica per pod the API shows: a pod that
 appears starts serving `--startup-s` later (until then its /metrics does not answer), a pod deleted drains.
 The workload, the costs (the service times planner_trace measured, read from its result) and the targets are
 planner_trace's. Recorded per interval: the planner's decision (status.autoscaling), the pods of each role
@@ -54,6 +55,7 @@ from kvferry.operator.connection import load_configuration
 from kvferry.operator.kube import Kube
 from kvferry.operator.naming import API_VERSION, CLUSTER_LABEL, KIND, ROLE_LABEL
 from kvferry.operator.planner.readings import (
+    BUSY,
     KV_USAGE,
     PROMPT_TOKENS,
     RUNNING,
@@ -97,9 +99,9 @@ def router_text(totals: RouterTotals, share: float) -> str:
 
 
 def node_text(role: str, name: str, running: float, kv_usage: float | None,
-              phases: dict[str, Buckets] | None = None) -> str:
+              phases: dict[str, Buckets] | None = None, busy_s: float | None = None) -> str:
     """One node's /metrics as the planner reads it: its gauges, and a prefill node's TTFT phases (`queue`,
-    `prefill`), labelled with the node's role and name as NodeMetrics labels them."""
+    `prefill`) and busy seconds, labelled with the node's role and name as NodeMetrics labels them."""
     registry = CollectorRegistry()
     families = [GaugeMetricFamily(RUNNING, "Requests running", value=running)]
     if kv_usage is not None:
@@ -109,6 +111,10 @@ def node_text(role: str, name: str, running: float, kv_usage: float | None,
         for phase, buckets in phases.items():
             family.add_metric([role, name, phase], _bucket_samples(buckets, 1.0), None)
         families.append(family)
+    if busy_s is not None:
+        busy = CounterMetricFamily(BUSY, "Seconds the engine spent in steps", labels=["role", "node"])
+        busy.add_metric([role, name], busy_s)
+        families.append(busy)
     registry.register(_Fixed(families))
     return generate_latest(registry).decode()
 
@@ -178,7 +184,8 @@ class SimulatedPods:
                     texts.append(node_text(role, name, len(replica.streams), self.sim.kv_usage(replica)))
                 elif isinstance(replica, PrefillReplica):
                     texts.append(node_text(role, name, 0.0, None, {"queue": replica.queue.cumulative(),
-                                                                   "prefill": replica.compute.cumulative()}))
+                                                                   "prefill": replica.compute.cumulative()},
+                                           replica.busy_s(self.sim.now_s)))
         return texts
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,10 +37,13 @@ class EngineDeadError(RuntimeError):
 
 
 class AsyncLLMEngine:
-    def __init__(self, engine: LLMEngine, on_abort: Callable[[], None] | None = None) -> None:
-        """`on_abort` runs once for each request an abort stopped (a metric), however the abort came."""
+    def __init__(self, engine: LLMEngine, on_abort: Callable[[], None] | None = None,
+                 on_step: Callable[[float], None] | None = None) -> None:
+        """`on_abort` runs once for each request an abort stopped (a metric), however the abort came;
+        `on_step` after each step with its wall seconds (a metric: the node's busy time)."""
         self.engine = engine
         self._on_abort = on_abort
+        self._on_step = on_step
         self._lock = threading.Condition()
         # Calls waiting for the lock; the engine thread lets them all in before it steps again.
         self._waiting_calls = 0
@@ -62,7 +66,10 @@ class AsyncLLMEngine:
                 if self._stopping:
                     return
                 try:
+                    started = time.perf_counter()
                     outputs = self.engine.step()
+                    if self._on_step is not None:
+                        self._on_step(time.perf_counter() - started)
                 except BaseException as exc:  # noqa: BLE001 - every waiter must hear about it
                     self.error = exc
                     self._fail_all(EngineDeadError(f"engine step failed: {exc!r}"))

@@ -4,6 +4,8 @@ Gauges are read from the engine when scraped; counters and histograms are fed by
 Time to first token is split by where it is spent: `queue` and `prefill` on the prefill node, the KV
 `transfer` (prefill node's view: from its first byte sent to the decode node's confirmation), and the
 `first_decode` step on the decode node (from the KV's activation to the first token it computes).
+`kvferry:busy_seconds_total` is the time the engine spent in steps: over an interval, the fraction of it
+the node was busy, which the autoscaler sizes the prefill pool from (operator/planner/plan.py).
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ class NodeMetrics:
         self._transfer_failures = Counter("kvferry:kv_transfer_failures", "KV transfers that failed, by cause",
                                           [*labels, "reason"], registry=self.registry)
         self.local_prefills = counter("kvferry:local_prefills", "Prompts a decode node prefilled itself")
+        self.busy_seconds = counter("kvferry:busy_seconds", "Seconds the engine spent in steps")
         self.aborts = counter("kvferry:aborted_requests", "Running requests aborted (client gone, router cancel)")
         self.cancelled_reservations = counter("kvferry:cancelled_reservations", "Reserved KV given up before decoding")
         self.transfer_seconds = Histogram(

@@ -59,7 +59,7 @@ class NodeRuntime:
             pool=pool_description(model, engine.pool), **load_fields(engine), healthy=True,
         )
         metrics = NodeMetrics(config.role, config.name)
-        async_engine = AsyncLLMEngine(engine, on_abort=metrics.aborts.inc)
+        async_engine = AsyncLLMEngine(engine, on_abort=metrics.aborts.inc, on_step=metrics.busy_seconds.inc)
         # The prefix index lives in the registry's Redis; a registry folder (no Redis) has no index.
         redis_url = config.registry if config.registry.startswith(("redis://", "rediss://", "unix://")) else None
         reporter = NodeReporter(

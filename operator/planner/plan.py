@@ -2,7 +2,8 @@
 
 The replicas a role needs for the next interval are the forecast load over the load one replica may carry
 at the target. That capacity is read from the interval itself when its latency says enough (a role well
-below its floor says little: any count would look fine), else the last capacity learnt stands; with none
+below its floor says little: any count would look fine), or, for a prefill pool whose nodes count their
+busy time, from the work it did (Erlang C, erlang.py); else the last capacity learnt stands; with none
 learnt yet, the count stays. Anti-flapping, Kubernetes' HPA's way: a scale-up waits out a short cool-down
 and at most doubles the role (or adds 4); a scale-down takes the highest recommendation of a whole window,
 so it happens only after the load has stayed low that long, and removes at most half.
@@ -13,12 +14,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from kvferry.operator.planner.erlang import servers_for_wait
 from kvferry.operator.planner.forecast import LoadForecast
 from kvferry.operator.planner.pressure import LatencyShape, kv_pressure, latency_pressure, updated_floor
 
 INFORMATIVE_PRESSURE = 0.5  # below it, latency is too close to its floor to say what a replica can carry
 INFORMATIVE_WAIT_PRESSURE = 1.0  # the same for a pool's wait (_informative_from)
 OVERLOAD_PRESSURE = 1.5  # above it, a queue is growing: the latency says the role is short, not by how much
+QUANTILE = 0.9  # of the latency targets (a p90 each)
 CAPACITY_WEIGHT = 0.5  # of a new capacity reading in the one remembered
 SCALE_UP_STEP = 4  # a scale-up may add this many replicas, or double the role if that is more
 
@@ -48,6 +51,8 @@ class Observation:
     kv_usage: float | None = None  # decode: fraction of KV blocks in use, mean over the replicas
     queue_p90_s: float | None = None  # prefill, where its nodes report it: the wait for a first step, p90
     compute_p90_s: float | None = None  # prefill: a prompt's compute alone, p90 over all the nodes have done
+    busy_replicas: float | None = None  # prefill, where its nodes report it: their busy seconds per second
+    compute_mean_s: float | None = None  # prefill: the node-seconds a prompt costs, mean over all they have done
 
 
 @dataclass(frozen=True)
@@ -87,14 +92,26 @@ def plan(policy: ScalingPolicy, state: PlannerState, seen: Observation) -> Decis
     pressure = _pressure(policy, floor_s, seen, seen.at_s - ready_since[1] - interval_s)
     capacity = state.capacity
     informative = _informative_from(policy, seen)
-    if pressure is not None and informative <= pressure <= OVERLOAD_PRESSURE:
+    sized = _sized_by_work(policy, seen)
+    reading = None
+    if sized is not None:
+        reading = seen.load / sized
+    elif pressure is not None and informative <= pressure <= OVERLOAD_PRESSURE:
         reading = seen.load / seen.replicas / pressure
+    if reading is not None:
         capacity = reading if capacity is None else CAPACITY_WEIGHT * reading + (1 - CAPACITY_WEIGHT) * capacity
     expected = forecast.next_interval()
-    missed = (seen.load, seen.replicas) if pressure is not None and pressure > 1 else state.missed
-    if missed is not None and expected < missed[0] * (1 - policy.tolerance):
-        missed = None  # the load has fallen below the one that count failed at
-    recommended, why = _recommend(policy, state.replicas, seen, expected, pressure, capacity, informative)
+    missed = None
+    if seen.busy_replicas is None:
+        # Only where the capacity is learnt from latency alone: the work sizes the pool every interval, and
+        # a bursty interval's wait over the target at a count that suffices on average held that count + 1
+        # through the whole peak in planner_trace (80 missed once at the ramp, 81 kept for two hours)
+        missed = (seen.load, seen.replicas) if pressure is not None and pressure > 1 else state.missed
+        if missed is not None and expected < missed[0] * (1 - policy.tolerance):
+            missed = None  # the load has fallen below the one that count failed at
+    # a capacity read from this interval's work argues for more replicas at any pressure (before a queue)
+    recommended, why = _recommend(policy, state.replicas, seen, expected, pressure, capacity,
+                                  informative if sized is None else 0.0)
     if missed is not None and recommended <= missed[1]:
         # a count that missed the target at this load is not tried again while the load stays: what keeps
         # an estimate's error from flapping the role around the count it needs
@@ -155,6 +172,25 @@ def _latency(policy: ScalingPolicy, floor_s: float | None,
 
 def _reads_the_wait(policy: ScalingPolicy, seen: Observation) -> bool:
     return policy.shape == "queueing" and seen.compute_p90_s is not None
+
+
+def _sized_by_work(policy: ScalingPolicy, seen: Observation) -> int | None:
+    """The replicas the interval's work needed at the target, where the prefill nodes count their busy time.
+
+    The pool did `busy_replicas` erlangs of work; Erlang C (erlang.py) says how many servers that work needs
+    for the wait the target leaves the usual prompt (the target less the compute p90, as `_latency` reads
+    the two), at the target's quantile. Unlike the wait, the work reads the load per replica at any load, so
+    the capacity is learnt at night too and a rising load asks for replicas before a queue builds. Only
+    while the wait is within that budget: a queue over it means the pool did less work than it was given
+    (the busy time of a full pool is its replica count), and the wait says how short the pool is instead."""
+    if (seen.busy_replicas is None or seen.compute_mean_s is None or seen.compute_mean_s <= 0 or seen.load <= 0
+            or seen.busy_replicas <= 0 or (latency := _latency(policy, None, seen)) is None):
+        return None
+    _, compute_p90_s, latency_s = latency
+    if latency_s > policy.latency_target_s:
+        return None
+    wait_s = max(0.0, policy.latency_target_s - compute_p90_s)
+    return servers_for_wait(seen.busy_replicas, seen.compute_mean_s, wait_s, QUANTILE)
 
 
 def _informative_from(policy: ScalingPolicy, seen: Observation) -> float:

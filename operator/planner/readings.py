@@ -12,7 +12,10 @@ Prefill's pressure is read from the prefill nodes' own TTFT phases where they re
 step, the part of TTFT that more replicas shorten) and the p90 of the `prefill` phase over everything the
 serving nodes have computed (what a prompt costs alone: the prompt mix, which replicas do not change).
 Each node's histograms are differenced by its own `node` label, as Prometheus' rate() takes each series
-alone: nodes come and go between two scrapes, and a sum over a changing set is no counter.
+alone: nodes come and go between two scrapes, and a sum over a changing set is no counter. The same nodes'
+busy time (`kvferry:busy_seconds_total`, the seconds their engines spent in steps) gives the interval's
+busy replicas (the work the pool did, in erlangs) and, over everything they have computed, what a prompt
+costs a node on average: what the planner sizes the pool from (plan.py, erlang.py).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ PREFIX_HIT_TOKENS = "kvferry:prefix_hit_tokens"
 RUNNING = "kvferry:num_requests_running"
 KV_USAGE = "kvferry:kv_cache_usage_perc"
 TTFT_PHASE = "kvferry:ttft_phase_seconds"
+BUSY = "kvferry:busy_seconds"
 QUANTILE = 0.9
 
 Buckets = dict[float, float]  # upper bound -> cumulative count
@@ -88,21 +92,25 @@ class NodeGauges:
 
 @dataclass(frozen=True)
 class PrefillPhases:
-    """The prefill nodes' `queue` and `prefill` phase histograms at one moment, by node name."""
+    """The prefill nodes' `queue` and `prefill` phase histograms and busy seconds at one moment, by node name."""
 
     queue: dict[str, Buckets] = field(default_factory=dict)
     compute: dict[str, Buckets] = field(default_factory=dict)
+    busy_s: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(cls, scrapes: Iterable[str]) -> PrefillPhases:
         phases: dict[str, dict[str, Buckets]] = {"queue": {}, "prefill": {}}
+        busy: dict[str, float] = {}
         for text in scrapes:
             for family in text_string_to_metric_families(text):
                 for sample in family.samples:
                     if sample.name == f"{TTFT_PHASE}_bucket" and sample.labels.get("phase") in phases:
                         node = phases[sample.labels["phase"]].setdefault(sample.labels.get("node", ""), {})
                         _add(node, sample.labels["le"], sample.value)
-        return cls(phases["queue"], phases["prefill"])
+                    elif sample.name == f"{BUSY}_total":
+                        busy[sample.labels.get("node", "")] = sample.value
+        return cls(phases["queue"], phases["prefill"], busy)
 
     def queue_p90_s(self, before: PrefillPhases) -> float | None:
         """The interval's wait p90: each node's histogram since `before` (a node new since then, all of it)."""
@@ -111,6 +119,24 @@ class PrefillPhases:
     def compute_p90_s(self) -> float | None:
         """The p90 of every prompt the nodes have computed since they started."""
         return quantile({}, _summed(self.compute.values()))
+
+    def busy_replicas(self, before: PrefillPhases, seconds: float) -> float | None:
+        """Busy seconds per second over the interval, each node's counter since `before`; None where the nodes
+        report none."""
+        if not self.busy_s:
+            return None
+        done = 0.0
+        for node, busy_s in self.busy_s.items():
+            earlier = before.busy_s.get(node, 0.0)
+            done += busy_s - earlier if busy_s >= earlier else busy_s  # a counter that went back: restarted
+        return done / seconds
+
+    def compute_mean_s(self) -> float | None:
+        """What a prompt costs a node on average (its busy seconds over the prompts it computed), over
+        everything the nodes that report both have done; None before any has computed one."""
+        nodes = [node for node in self.busy_s if self.compute.get(node)]
+        prompts = sum(self.compute[node].get(math.inf, 0.0) for node in nodes)
+        return sum(self.busy_s[node] for node in nodes) / prompts if prompts else None
 
 
 def _since(before: Buckets, after: Buckets) -> Buckets:
@@ -157,11 +183,13 @@ def prefill_observation(at_s: float, seconds: float, before: RouterTotals, after
                         phases_after: PrefillPhases | None = None) -> Observation:
     """Without the nodes' phases (none given, or nodes that report none) the planner reads the TTFT alone."""
     computed = (after.prompt_tokens - after.prefix_hit_tokens) - (before.prompt_tokens - before.prefix_hit_tokens)
-    phases_after = phases_after or PrefillPhases()
+    phases_before, phases_after = phases_before or PrefillPhases(), phases_after or PrefillPhases()
     return Observation(at_s=at_s, replicas=prefill.replicas, load=max(0.0, computed) / seconds,
                        latency_p90_s=quantile(before.ttft, after.ttft),
-                       queue_p90_s=phases_after.queue_p90_s(phases_before or PrefillPhases()),
-                       compute_p90_s=phases_after.compute_p90_s())
+                       queue_p90_s=phases_after.queue_p90_s(phases_before),
+                       compute_p90_s=phases_after.compute_p90_s(),
+                       busy_replicas=phases_after.busy_replicas(phases_before, seconds),
+                       compute_mean_s=phases_after.compute_mean_s())
 
 
 def decode_observation(at_s: float, before: RouterTotals, after: RouterTotals, decode: NodeGauges) -> Observation:

@@ -113,6 +113,28 @@ def test_a_node_restarted_under_its_name_counts_from_its_restart():
     assert 2.5 < _phases([restarted]).queue_p90_s(before) <= 5.0
 
 
+def test_busy_seconds_are_read_per_node_over_the_interval_and_a_prompts_mean_over_everything():
+    """Busy replicas: each node's `kvferry:busy_seconds_total` since the interval began (a node new in it
+    counts whole, one restarted counts from its restart) over the interval's seconds. A prompt's mean: the
+    nodes' busy seconds over the prompts they have computed."""
+    staying, restarted, new = (NodeMetrics("prefill", name) for name in ("prefill-0", "prefill-1", "prefill-2"))
+    staying.busy_seconds.inc(100.0)
+    restarted.busy_seconds.inc(50.0)
+    before = _phases([staying, restarted])
+    restarted = NodeMetrics("prefill", "prefill-1")
+    staying.busy_seconds.inc(20.0)  # its step time in the interval, as the engine's on_step adds it
+    restarted.busy_seconds.inc(5.0)
+    new.busy_seconds.inc(5.0)
+    for node, prompts in ((staying, 10), (restarted, 2), (new, 3)):
+        for _ in range(prompts):
+            node.observe_ttft("prefill", 1.0)
+    after = _phases([staying, restarted, new])
+    assert after.busy_replicas(before, 30.0) == pytest.approx((20.0 + 5.0 + 5.0) / 30.0)
+    assert after.compute_mean_s() == pytest.approx((120.0 + 5.0 + 5.0) / 15)
+    seen = prefill_observation(60.0, 30.0, RouterTotals(), RouterTotals(), NodeGauges(3, 0.0, None), before, after)
+    assert (seen.busy_replicas, seen.compute_mean_s) == (after.busy_replicas(before, 30.0), after.compute_mean_s())
+
+
 def test_without_the_nodes_phases_prefill_reads_the_ttft_alone():
     seen = prefill_observation(60.0, 30.0, RouterTotals(), RouterTotals(), NodeGauges(1, 0.0, None))
-    assert (seen.queue_p90_s, seen.compute_p90_s) == (None, None)
+    assert (seen.queue_p90_s, seen.compute_p90_s, seen.busy_replicas, seen.compute_mean_s) == (None, None, None, None)

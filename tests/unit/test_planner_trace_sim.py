@@ -115,7 +115,8 @@ def test_the_pods_texts_read_back_as_the_simulated_cluster():
     assert (gauges.replicas, gauges.running, gauges.kv_usage) == (2, 4.0, 0.5)
     prefill = sim.replicas["prefill"]["p0"]
     text = kwok.node_text("prefill", "p0", 0.0, None, {"queue": prefill.queue.cumulative(),
-                                                         "prefill": prefill.compute.cumulative()})
+                                                         "prefill": prefill.compute.cumulative()},
+                          prefill.busy_s(sim.now_s))
     assert PrefillPhases.of([text]) == sim.prefill_phases()
 
 
@@ -130,3 +131,14 @@ def test_a_prefill_replica_observes_each_prompts_wait_and_compute_when_its_prefi
     queue = phases.queue["p0"]
     assert (queue[0.001], queue[0.5], queue[math.inf]) == (1.0, 2.0, 2.0)  # 0 s and 0.5 s (on its bound)
     assert phases.compute["p0"][1.0] == 2.0 and phases.compute["p0"][0.5] == 0.0
+
+
+def test_a_prefill_replicas_busy_seconds_grow_with_the_compute_it_has_done():
+    """As a node counts its steps' time: A's second at 0.5 s is half done; B, queued at 0.5 s, starts only
+    when A ends, so at 1.5 s one and a half seconds are done; from 2 s on the queue is empty and both are."""
+    sim = one_of_each(LINEAR, TWO)
+    busy = []
+    for until_s in (0.5, 1.5, 2.5):
+        sim.run_until(until_s)
+        busy.append(sim.prefill_phases().busy_s["p0"])
+    assert busy == pytest.approx([0.5, 1.5, 2.0])
