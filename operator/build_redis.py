@@ -26,9 +26,15 @@ REDIS_ARGS = ["--port", str(REDIS_PORT), "--requirepass", f"$({REDIS_PASSWORD_EN
               "--appendonly", "no"]
 
 
-def redis_password_env(ref: ClusterRef) -> dict[str, Any]:
-    """The managed Redis's password, for Redis itself and for every pod that talks to it."""
-    secret_ref = {"name": internal_secret_name(ref), "key": REDIS_PASSWORD_KEY}
+def redis_password_env(ref: ClusterRef, spec: InferenceClusterSpec) -> dict[str, Any] | None:
+    """The password of the cluster's Redis, for Redis itself (a managed one) and for every pod that talks to
+    it: a managed Redis's from the operator's Secret, redis.url's from redis.passwordSecret; None: none."""
+    if spec.redis.managed:
+        secret_ref = {"name": internal_secret_name(ref), "key": REDIS_PASSWORD_KEY}
+    elif spec.redis.password_secret is not None:
+        secret_ref = {"name": spec.redis.password_secret.name, "key": spec.redis.password_secret.key}
+    else:
+        return None
     return {"name": REDIS_PASSWORD_ENV, "valueFrom": {"secretKeyRef": secret_ref}}
 
 
@@ -61,7 +67,7 @@ def build_redis_deployment(ref: ClusterRef, spec: InferenceClusterSpec) -> dict[
                             "imagePullPolicy": spec.image_pull_policy,
                             "command": REDIS_COMMAND,
                             "args": REDIS_ARGS,
-                            "env": [redis_password_env(ref)],
+                            "env": [redis_password_env(ref, spec)],
                             "ports": [{"name": "redis", "containerPort": REDIS_PORT}],
                             "readinessProbe": ready_probe,
                             "livenessProbe": live_probe,

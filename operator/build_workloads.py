@@ -120,8 +120,8 @@ def _container_env(
     token_ref = ({"name": spec.cluster_token_secret.name, "key": spec.cluster_token_secret.key}
                  if spec.cluster_token_secret is not None else {"name": internal_secret_name(ref), "key": TOKEN_KEY})
     env[CLUSTER_TOKEN_ENV] = {"name": CLUSTER_TOKEN_ENV, "valueFrom": {"secretKeyRef": token_ref}}
-    if spec.redis.managed:
-        env[REDIS_PASSWORD_ENV] = redis_password_env(ref)
+    if (password := redis_password_env(ref, spec)) is not None:
+        env[REDIS_PASSWORD_ENV] = password
     env[LEVEL_ENV] = {"name": LEVEL_ENV, "value": spec.logging.level}
     env[FORMAT_ENV] = {"name": FORMAT_ENV, "value": spec.logging.format}
     env.update(_tracing_env(spec.tracing))

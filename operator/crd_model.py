@@ -307,6 +307,11 @@ class TransferSpec(KubeModel):
     )
 
 
+class RedisPasswordSecretRef(KubeModel):
+    name: DnsSubdomain = Field(description="Name of a Secret in the cluster's namespace.")
+    key: str = Field("password", min_length=1, description="Key in the Secret that holds the password.")
+
+
 class RedisSpec(KubeModel):
     model_config = ConfigDict(
         json_schema_extra={
@@ -314,7 +319,11 @@ class RedisSpec(KubeModel):
                 {
                     "rule": "!(has(self.url) && self.managed)",
                     "message": "set redis.url or redis.managed, not both",
-                }
+                },
+                {
+                    "rule": "!has(self.passwordSecret) || has(self.url)",
+                    "message": "redis.passwordSecret is the password of redis.url's Redis (a managed one has its own)",
+                },
             ]
         }
     )
@@ -330,10 +339,16 @@ class RedisSpec(KubeModel):
         "which has it (nothing to pull from a registry).",
     )
 
+    password_secret: RedisPasswordSecretRef | None = Field(
+        None, description="Secret holding the password of redis.url's Redis (the chart's shared one has one); "
+        "every pod gets it as KVFERRY_REDIS_PASSWORD, never in a ConfigMap.")
+
     @model_validator(mode="after")
     def _one_redis(self) -> RedisSpec:
         if self.url is not None and self.managed:
             raise ValueError("set redis.url or redis.managed, not both")
+        if self.password_secret is not None and self.url is None:
+            raise ValueError("redis.passwordSecret is the password of redis.url's Redis (a managed one has its own)")
         return self
 
 

@@ -61,6 +61,10 @@ def test_apiserver_applies_the_models_defaults(cluster: Cluster) -> None:
             "set redis.url or redis.managed, not both",
         ),
         (
+            {**MINIMAL, "redis": {"managed": True, "passwordSecret": {"name": "shared-redis"}}},
+            "redis.passwordSecret is the password of redis.url's Redis",
+        ),
+        (
             {**MINIMAL, "decode": {"scaleExternally": True, "autoscaling": {"maxReplicas": 2, "itlP90Seconds": 0.1}}},
             "spec.decode: Invalid value: \"object\": autoscaling and scaleExternally both set the pod count",
         ),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -126,6 +127,15 @@ def test_install_upgrade_uninstall(cluster: Cluster) -> None:
     assert cluster.get("deployment", f"{fullname}-redis") is not None
     example = cluster.get("inferencecluster", "example")
     assert example["spec"]["redis"]["url"] == f"redis://{fullname}-redis.{cluster.namespace}.svc:6379/0"
+    # The shared Redis requires a password the chart made; the example's pods get it from the same Secret.
+    assert example["spec"]["redis"]["passwordSecret"] == {"name": f"{fullname}-redis", "key": "password"}
+    [redis] = cluster.get("deployment", f"{fullname}-redis")["spec"]["template"]["spec"]["containers"]
+    assert redis["args"][2:4] == ["--requirepass", "$(REDIS_PASSWORD)"]
+    assert redis["env"][0]["valueFrom"]["secretKeyRef"] == {"name": f"{fullname}-redis", "key": "password"}
+    password = cluster.get("secret", f"{fullname}-redis")["data"]["password"]
+    assert len(base64.b64decode(password)) == 32
+    cluster.kube.helm("upgrade", release, str(CHART), ns, "--reuse-values", "--wait", "--timeout=120s")
+    assert cluster.get("secret", f"{fullname}-redis")["data"]["password"] == password  # kept, not made again
 
     cluster.kube.helm("uninstall", release, ns, "--wait", "--timeout=120s")
     cluster.wait("release objects removed", lambda: release_objects(cluster) == [], 60)

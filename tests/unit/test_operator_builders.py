@@ -391,6 +391,17 @@ def test_the_specs_logging_reaches_every_role() -> None:
         spec(logging={"format": "xml"})
 
 
+def test_a_redis_url_with_a_password_secret_gives_every_role_its_password() -> None:
+    shared = spec(redis={"url": "redis://kvferry-redis.serving.svc:6379/0", "passwordSecret": {"name": "kvferry-redis"}})
+    for role in ("prefill", "decode", "router"):
+        env = {var["name"]: var for var in container(build_role_deployment(REF, shared, role, "h", 1))["env"]}
+        assert env["KVFERRY_REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "kvferry-redis", "key": "password"}
+    open_redis = container(build_role_deployment(REF, spec(redis={"url": "redis://r:6379/0"}), "router", "h", 1))
+    assert "KVFERRY_REDIS_PASSWORD" not in {var["name"] for var in open_redis["env"]}
+    with pytest.raises(ValueError, match="passwordSecret"):
+        spec(redis={"managed": True, "passwordSecret": {"name": "kvferry-redis"}})
+
+
 def test_the_specs_tracing_reaches_every_role_and_is_absent_when_off() -> None:
     endpoint = "http://collector.observability:4318/v1/traces"
     traced = spec(tracing={"otlpEndpoint": endpoint, "sampleRatio": 0.25})

@@ -106,10 +106,12 @@ def test_required_fields() -> None:
     assert spec_schema()["properties"]["model"]["required"] == ["source", "servedName"]
 
 
-def test_redis_url_and_managed_exclude_each_other_in_cel() -> None:
+def test_redis_url_and_managed_exclude_each_other_and_a_password_needs_a_url_in_cel() -> None:
     rules = spec_schema()["properties"]["redis"]["x-kubernetes-validations"]
     assert rules == [
-        {"rule": "!(has(self.url) && self.managed)", "message": "set redis.url or redis.managed, not both"}
+        {"rule": "!(has(self.url) && self.managed)", "message": "set redis.url or redis.managed, not both"},
+        {"rule": "!has(self.passwordSecret) || has(self.url)",
+         "message": "redis.passwordSecret is the password of redis.url's Redis (a managed one has its own)"},
     ]
 
 
