@@ -14,11 +14,12 @@ MAX_TOKENS = 5
 CLIENT_ID = "client-abc-123"
 
 
-@pytest.fixture
-def json_logged_cluster(tiny_models, monkeypatch):
-    monkeypatch.setenv("KVFERRY_LOG_FORMAT", "json")
-    monkeypatch.setenv("KVFERRY_LOG_LEVEL", "info")
-    cluster = DisaggregatedCluster(tiny_models["llama"])
+@pytest.fixture(scope="module")
+def json_logged_cluster(tiny_models):
+    with pytest.MonkeyPatch.context() as env:  # the processes inherit it; one cluster for the module's tests
+        env.setenv("KVFERRY_LOG_FORMAT", "json")
+        env.setenv("KVFERRY_LOG_LEVEL", "info")
+        cluster = DisaggregatedCluster(tiny_models["llama"])
     yield cluster
     cluster.stop()
 
@@ -72,24 +73,30 @@ def test_the_clients_request_id_reaches_every_process_and_its_log_lines(json_log
 
 def test_the_routers_ttft_phases_add_up_to_each_ttft_and_agree_with_the_nodes(json_logged_cluster) -> None:
     cluster = json_logged_cluster
+    phases = ("router", "prefill_queue", "prefill_compute", "transfer", "first_step", "other")
+
+    def reading() -> dict[str, float]:
+        """The router's phase sums and counts, its TTFT sum, and the nodes' own phase sums, now."""
+        values = {f"{name} {part}": cluster.metric("router", f'kvferry:router_ttft_phase_seconds_{part}{{phase="{name}"}}')
+                  for name in phases for part in ("sum", "count")}
+        values["ttft"] = cluster.metric("router", "kvferry:time_to_first_token_seconds_sum")
+        values["prefill node"] = cluster.metric("prefill-0", "kvferry:ttft_phase_seconds_sum")
+        values["decode node"] = cluster.metric("decode-0", "kvferry:ttft_phase_seconds_sum")
+        return values
+
+    before = reading()
     for stream in (False, True, False):
         _complete(cluster.router, {}, stream=stream)
+    after = reading()
+    added = {key: after[key] - before[key] for key in after}
 
-    def router(metric: str) -> float:
-        return cluster.metric("router", metric)
-
-    def phase(name: str, part: str = "sum") -> float:
-        return router(f'kvferry:router_ttft_phase_seconds_{part}{{phase="{name}"}}')
-
-    phases = ("router", "prefill_queue", "prefill_compute", "transfer", "first_step", "other")
-    assert all(phase(name, "count") == 3 for name in phases)
+    assert all(added[f"{name} count"] == 3 for name in phases)
     # Each request's phases add up to its TTFT, so the sums do too (within what two processes' clock readings
     # can overlap: the prefill node hears that its last write landed a moment after the decode node began).
-    ttft = router("kvferry:time_to_first_token_seconds_sum")
-    assert sum(phase(name) for name in phases) == pytest.approx(ttft, rel=0.02)
-    assert all(phase(name) > 0 for name in ("router", "prefill_compute", "transfer", "first_step"))
+    assert sum(added[f"{name} sum"] for name in phases) == pytest.approx(added["ttft"], rel=0.02)
+    assert all(added[f"{name} sum"] > 0 for name in ("router", "prefill_compute", "transfer", "first_step"))
     # The prefill node's part is what it measured itself (its own histograms: queue, prefill, transfer).
-    prefill_part = phase("prefill_queue") + phase("prefill_compute") + phase("transfer")
-    assert prefill_part == pytest.approx(cluster.metric("prefill-0", "kvferry:ttft_phase_seconds_sum"), abs=1e-3)
+    prefill_part = sum(added[f"{name} sum"] for name in ("prefill_queue", "prefill_compute", "transfer"))
+    assert prefill_part == pytest.approx(added["prefill node"], abs=1e-3)
     # The decode node's first step too, as its first_decode histogram has it (a clock read apart).
-    assert phase("first_step") == pytest.approx(cluster.metric("decode-0", "kvferry:ttft_phase_seconds_sum"), abs=3e-3)
+    assert added["first_step sum"] == pytest.approx(added["decode node"], abs=3e-3)
