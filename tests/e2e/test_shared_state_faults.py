@@ -128,6 +128,10 @@ def test_a_cluster_started_while_redis_is_down_serves_and_joins_redis_when_it_co
         cluster.wait_until(lambda: store.exists("kvf:node:prefill-0") and store.exists("kvf:node:decode-0"), 30,
                            "both nodes registered once Redis is up")
         cluster.wait_until(lambda: store.scard(f"kvf:{MODEL_NAME}:node-blocks:prefill-0") > 0, 30, "the index filled")
+        # The router pairs a prefill node with a decode node once it has read both records (their KV identities):
+        # with one read and the other not yet (its view refreshes every second), the decode node prefills.
+        cluster.wait_until(lambda: all(view["kv_identity"] for view in cluster.stats("router")["nodes"]), 30,
+                           "the router read both nodes' records")
         local_before = cluster.metric("decode-0", "kvferry:local_prefills_total")
         more = _prompts(5, 4)
         assert [_complete(cluster.router, p) for p in more] == tiny_llama_greedy(more, MAX_TOKENS)
