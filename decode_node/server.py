@@ -20,34 +20,27 @@ from kvferry.decode_node.connector import DecodeConnector
 from kvferry.engine import RequestOutput, SamplingParams
 from kvferry.internal_api import API_PREFIX, PromptRequest, ReservedKV
 from kvferry.kvcache import OutOfBlocksError
-from kvferry.node.metrics import NodeMetrics
 from kvferry.node.routes import NODE_TELEMETRY, add_common_routes, request_log
 from kvferry.node.runtime import NodeRuntime
-from kvferry.node.streaming import error_line, ndjson_deltas
+from kvferry.node.streaming import FirstToken, error_line, ndjson_deltas
 
 NDJSON = "application/x-ndjson"
 Phase = tuple[str, float, float]  # tracing.record_phases': a name, its start and end (time.perf_counter())
 
 
-async def _timed(stream: AsyncIterator[RequestOutput], since: float, span: Span, waited: Phase | None = None,
-                 metrics: NodeMetrics | None = None) -> AsyncIterator[RequestOutput]:
-    """Pass a stream through, timing its first token from `since`: into the first_decode histogram when
-    `metrics` is given (this node computes it from KV that arrived), and, when the stream ends, as the
-    request's phases under `span` (tracing): `waited` (the wait for that KV), the first step, the stream."""
-    first: float | None = None
+async def _traced(stream: AsyncIterator[RequestOutput], first: FirstToken, span: Span,
+                  waited: Phase | None = None) -> AsyncIterator[RequestOutput]:
+    """Pass a stream through; when it ends, its phases become spans under `span` (tracing): `waited` (the
+    wait for the KV), the first step (to `first`'s reading), the stream."""
     try:
         async for output in stream:
-            if first is None:
-                first = time.perf_counter()
-                if metrics is not None:
-                    metrics.observe_ttft("first_decode", first - since)
             yield output
     finally:
         await stream.aclose()  # type: ignore[attr-defined]  # at once, as ndjson_deltas does
         ended = time.perf_counter()
-        first = ended if first is None else first
-        tracing.record_phases([*([waited] if waited else []), ("first_step", since, first), ("stream", first, ended)],
-                              parent=span)
+        first_at = ended if first.at is None else first.at
+        tracing.record_phases([*([waited] if waited else []), ("first_step", first.started, first_at),
+                               ("stream", first_at, ended)], parent=span)
 
 
 def _params(body: PromptRequest) -> SamplingParams:
@@ -103,9 +96,10 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
             streaming = True
             activated = time.perf_counter()
             # A local prefill's first step is the prompt's (not a first decode step from KV that arrived).
-            outputs = _timed(stream.outputs, activated, span, ("kv_wait", received, activated),
-                             None if stream.local_prefill else metrics)
-            async with contextlib.aclosing(ndjson_deltas(outputs, activated, stream.local_prefill)) as lines:
+            first = FirstToken(activated, None if stream.local_prefill else
+                               lambda seconds: metrics.observe_ttft("first_decode", seconds))
+            outputs = _traced(stream.outputs, first, span, ("kv_wait", received, activated))
+            async with contextlib.aclosing(ndjson_deltas(outputs, first, stream.local_prefill)) as lines:
                 async for line in lines:
                     yield line
         finally:
@@ -123,7 +117,8 @@ def create_app(runtime: NodeRuntime) -> FastAPI:
                                                      body.resumed_token_ids)
         except ValueError as exc:
             raise HTTPException(400, str(exc)) from None
-        return ClosingStreamingResponse(ndjson_deltas(_timed(stream, received, trace.get_current_span()), received),
+        first = FirstToken(received)
+        return ClosingStreamingResponse(ndjson_deltas(_traced(stream, first, trace.get_current_span()), first),
                                         media_type=NDJSON)
 
     @app.post(f"{API_PREFIX}/prefill_failed/{{request_id}}")

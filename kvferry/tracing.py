@@ -23,7 +23,6 @@ from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.context import Context
 
 ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
 _tracer = trace.get_tracer("kvferry")
@@ -78,18 +77,11 @@ def tracer() -> trace.Tracer:
     return _tracer
 
 
-def context_from(headers: Mapping[str, str]) -> Context:
-    """The trace context a call carries (`traceparent`), to continue its trace; empty when it carries none."""
-    from opentelemetry import propagate  # loads the propagators' entry points: only where tracing is on
-
-    return propagate.extract(headers)
-
-
 def headers_for(span: trace.Span) -> dict[str, str]:
     """W3C trace context naming `span` as the parent of a call made under it; none while tracing is off."""
     if not _enabled:
         return {}
-    from opentelemetry import propagate
+    from opentelemetry import propagate  # loads the propagators' entry points: only where tracing is on
 
     carrier: dict[str, str] = {}
     propagate.inject(carrier, context=trace.set_span_in_context(span))
