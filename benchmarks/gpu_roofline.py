@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from kvferry.kernels.fp8_weight import Fp8Weight
+
 COPY_BYTES = 4 << 30
 MATMUL_SIZE = 8192
 
@@ -84,20 +86,24 @@ class Roofline:
         return concurrency * output_len / total, sum(steps) / max(1, len(steps))
 
 
+def _tensors(weight: torch.Tensor | Fp8Weight) -> list[torch.Tensor]:
+    """What a weight reads from memory: an FP8 weight's bytes and its scales."""
+    return [weight.data, weight.scale] if isinstance(weight, Fp8Weight) else [weight]
+
+
 def model_cost(engine) -> ModelCost:
-    """From a loaded LLMEngine: the bytes its weights and its KV pool really take."""
+    """From a loaded LLMEngine: the bytes its weights (16-bit or FP8) and its KV pool really take."""
     weights, cfg = engine.runner.model.weights, engine.model_config
-    matmuls = [weights.lm_head]
-    for layer in weights.layers:
-        matmuls += [layer.qkv, layer.o_proj, layer.gate_up, layer.down]
+    matmuls = [weights.lm_head] + [linear for layer in weights.layers for linear in layer.linears()]
     small = [weights.final_norm] + [
         t for layer in weights.layers for t in (layer.input_norm, layer.post_attention_norm)
     ]
-    nbytes = sum(t.numel() * t.element_size() for t in matmuls + small)
+    read = [t for weight in matmuls for t in _tensors(weight)] + small
+    nbytes = sum(t.numel() * t.element_size() for t in read)
     layout = engine.pool_layout
     return ModelCost(
         weight_bytes=nbytes,
-        matmul_params=sum(t.numel() for t in matmuls),
+        matmul_params=sum(_tensors(weight)[0].numel() for weight in matmuls),
         kv_bytes_per_token=layout.bytes_per_block() // layout.block_size,
         attention_width=cfg.num_layers * cfg.num_heads * cfg.head_dim,
     )

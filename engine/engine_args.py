@@ -9,11 +9,15 @@ import torch
 from kvferry.engine.devices import resolve_device
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+QUANTIZATIONS = ("fp8",)
 
 
 @dataclass(frozen=True)
 class EngineArgs:
     dtype: str = "auto"  # "auto": the checkpoint's dtype on CUDA, float32 on the CPU
+    # "fp8": linear layers in FP8 e4m3 with per-channel scales, quantized at load from a 16/32-bit checkpoint
+    # (an FP8 checkpoint is read as FP8 either way). Activations and the KV cache keep `dtype`.
+    quantization: str | None = None
     device: str = "auto"  # "auto": cuda:0 when a GPU is visible, else cpu; "cuda:N": GPU N (checked at start)
     max_model_len: int | None = None  # default: the model's max_position_embeddings, capped at 8192
     max_num_seqs: int = 64
@@ -32,6 +36,8 @@ class EngineArgs:
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS} or None, got {self.quantization!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

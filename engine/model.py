@@ -15,20 +15,24 @@ from kvferry.engine.attention_metadata import AttentionMetadata
 from kvferry.engine.model_config import ModelConfig
 from kvferry.engine.rope import cos_sin_cache
 from kvferry.kernels import dispatch as kernels
+from kvferry.kernels.fp8_weight import Fp8Weight
 from kvferry.kvcache.kv_pool import KVPool
 
 
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: torch.Tensor
+    qkv: torch.Tensor | Fp8Weight
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o_proj: torch.Tensor
+    o_proj: torch.Tensor | Fp8Weight
     post_attention_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: torch.Tensor | Fp8Weight
+    down: torch.Tensor | Fp8Weight
+
+    def linears(self) -> tuple[torch.Tensor | Fp8Weight, ...]:
+        return self.qkv, self.o_proj, self.gate_up, self.down
 
 
 @dataclass

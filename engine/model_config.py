@@ -17,7 +17,7 @@ ARCHITECTURES: dict[str, str] = {
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 # Keys that change the math in ways this engine does not implement; silently ignoring them would give
 # wrong tokens, so they are refused by name.
-UNSUPPORTED_KEYS = ("quantization_config", "attn_logit_softcapping", "final_logit_softcapping", "mlp_bias")
+UNSUPPORTED_KEYS = ("attn_logit_softcapping", "final_logit_softcapping", "mlp_bias")
 
 
 class UnsupportedModelError(ValueError):
@@ -52,6 +52,8 @@ class ModelConfig:
     qkv_bias: bool
     qk_norm: bool
     torch_dtype: str
+    # "fp8": the checkpoint stores its linear layers in FP8 e4m3 with per-tensor or per-channel scales.
+    quantization: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
 
@@ -95,9 +97,31 @@ class ModelConfig:
             qkv_bias=family == "qwen2" or bool(raw.get("attention_bias", False)),
             qk_norm=family == "qwen3",
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
+            quantization=_checkpoint_quantization(raw.get("quantization_config")),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=tuple(eos if isinstance(eos, list) else [] if eos is None else [eos]),
         )
+
+
+def _checkpoint_quantization(config: dict[str, Any] | None) -> str | None:
+    """"fp8" for the Hugging Face FP8 layouts with one scale per tensor or per output channel
+    (compressed-tensors' float-quantized 8-bit weights, fbgemm_fp8); any other quantization is refused."""
+    if not config:
+        return None
+    method = config.get("quant_method")
+    if method == "fbgemm_fp8":
+        return "fp8"
+    if method == "compressed-tensors":
+        groups = (config.get("config_groups") or {}).values()
+        weights = [group.get("weights") or {} for group in groups]
+        if weights and all(w.get("type") == "float" and w.get("num_bits") == 8 and w.get("strategy") in ("tensor", "channel")
+                           for w in weights):  # fmt: skip
+            return "fp8"
+        raise UnsupportedModelError("only FP8 weights with per-tensor or per-channel scales are supported among "
+                                    f"compressed-tensors checkpoints, got weights {weights}")  # fmt: skip
+    detail = " (block-wise scales)" if config.get("weight_block_size") else ""
+    raise UnsupportedModelError(f"quantization {method!r}{detail} is not supported; supported: FP8 weights with "
+                                "per-tensor or per-channel scales (compressed-tensors, fbgemm_fp8)")  # fmt: skip
 
 
 def _refuse_sliding_window(raw: dict[str, Any], family: str) -> None:

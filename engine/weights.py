@@ -1,4 +1,9 @@
-"""Load a Hugging Face checkpoint's safetensors (one file, or shards with their index) into ModelWeights."""
+"""Load a Hugging Face checkpoint's safetensors (one file, or shards with their index) into ModelWeights.
+
+Linear layers come as FP8 (kernels/fp8_weight.py) where the checkpoint stores them so, each `*.weight`
+beside its `*.weight_scale`, or where `quantize_fp8` asks for them to be quantized at load; embeddings,
+norms and the LM head keep the model's dtype.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from safetensors import safe_open
 
 from kvferry.engine.model import LayerWeights, ModelWeights
 from kvferry.engine.model_config import ModelConfig
+from kvferry.kernels.fp8_weight import Fp8Weight, fp8_from_checkpoint, quantize_fp8, stack_fp8
 
 INDEX_FILE = "model.safetensors.index.json"
 
@@ -39,8 +45,8 @@ class _TensorSource:
     file and copies each tensor there; no host copy of the model is ever assembled) and converted there,
     so a full-precision copy lives only as long as one tensor."""
 
-    def __init__(self, model_dir: Path, dtype: torch.dtype, device: torch.device) -> None:
-        self.dtype, self.device = dtype, device
+    def __init__(self, model_dir: Path, dtype: torch.dtype, device: torch.device, quantize_fp8: bool) -> None:
+        self.dtype, self.device, self.quantize_fp8 = dtype, device, quantize_fp8
         self.location: dict[str, Path] = {}
         for path in checkpoint_files(model_dir):
             with safe_open(str(path), framework="pt") as handle:
@@ -51,21 +57,38 @@ class _TensorSource:
     def has(self, name: str) -> bool:
         return name in self.location
 
-    def get(self, name: str) -> torch.Tensor:
+    def stored(self, name: str) -> torch.Tensor:
+        """The tensor as the checkpoint stores it, on the target device."""
         if name not in self.location:
             raise KeyError(f"checkpoint lacks tensor {name!r}")
         path = self.location[name]
         if path not in self._handles:
             self._handles[path] = safe_open(str(path), framework="pt", device=str(self.device))
-        tensor = self._handles[path].get_tensor(name)  # type: ignore[attr-defined]
-        return tensor.to(device=self.device, dtype=self.dtype)
+        return self._handles[path].get_tensor(name).to(self.device)  # type: ignore[attr-defined]
+
+    def get(self, name: str) -> torch.Tensor:
+        return self.stored(name).to(dtype=self.dtype)
 
     def cat(self, *names: str) -> torch.Tensor:
         return torch.cat([self.get(name) for name in names], dim=0)
 
+    def linear(self, *names: str) -> torch.Tensor | Fp8Weight:
+        """A linear layer's weight, the `names` stacked by rows: FP8 as stored or as quantized, else dtype."""
+        if any(self.has(name + "_scale_inv") for name in names):
+            raise ValueError(f"{names[0]} has block-wise FP8 scales (weight_scale_inv), which kvferry does not read")
+        stored_fp8 = [self.has(name + "_scale") for name in names]
+        if any(stored_fp8):
+            if not all(stored_fp8):
+                raise ValueError(f"of {', '.join(names)}, some are FP8 and some are not: they cannot share one matmul")
+            return stack_fp8([fp8_from_checkpoint(self.stored(name), self.stored(name + "_scale")) for name in names])
+        weight = self.cat(*names)
+        return quantize_fp8(weight) if self.quantize_fp8 else weight
 
-def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> ModelWeights:
-    source = _TensorSource(Path(model_dir), dtype, device)
+
+def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
+                 quantize_fp8: bool = False) -> ModelWeights:  # fmt: skip
+    """`quantize_fp8`: the linear layers that the checkpoint stores in 16 or 32 bits become FP8 at load."""
+    source = _TensorSource(Path(model_dir), dtype, device, quantize_fp8)
     layers = []
     for i in range(config.num_layers):
         prefix = f"model.layers.{i}."
@@ -73,16 +96,16 @@ def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
         layers.append(
             LayerWeights(
                 input_norm=source.get(prefix + "input_layernorm.weight"),
-                qkv=source.cat(attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"),
+                qkv=source.linear(attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"),
                 qkv_bias=source.cat(attn + "q_proj.bias", attn + "k_proj.bias", attn + "v_proj.bias")
                 if config.qkv_bias
                 else None,
                 q_norm=source.get(attn + "q_norm.weight") if config.qk_norm else None,
                 k_norm=source.get(attn + "k_norm.weight") if config.qk_norm else None,
-                o_proj=source.get(attn + "o_proj.weight"),
+                o_proj=source.linear(attn + "o_proj.weight"),
                 post_attention_norm=source.get(prefix + "post_attention_layernorm.weight"),
-                gate_up=source.cat(prefix + "mlp.gate_proj.weight", prefix + "mlp.up_proj.weight"),
-                down=source.get(prefix + "mlp.down_proj.weight"),
+                gate_up=source.linear(prefix + "mlp.gate_proj.weight", prefix + "mlp.up_proj.weight"),
+                down=source.linear(prefix + "mlp.down_proj.weight"),
             )
         )
     embed = source.get("model.embed_tokens.weight")

@@ -20,7 +20,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-from kvferry.kernels import cpu_linear, reference
+from kvferry.kernels import cpu_linear, fp8_linear, reference
+from kvferry.kernels.fp8_weight import Fp8Weight
 
 BACKEND_VARIABLE = "KVFERRY_KERNELS"
 BACKENDS = ("auto", "triton", "torch")
@@ -34,10 +35,13 @@ def use_triton(tensor: torch.Tensor) -> bool:
     return choice == "triton" or (choice == "auto" and tensor.is_cuda)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor | Fp8Weight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear; one 16-bit row without a bias (a batch-1 decode step) takes the Triton GEMV, which
     reads the weights faster than cuBLAS does for one row (kernels/triton_linear.py); a few float32 rows
-    on the CPU (a decode batch) take oneDNN with prepacked weights (kernels/cpu_linear.py)."""
+    on the CPU (a decode batch) take oneDNN with prepacked weights (kernels/cpu_linear.py); FP8 weights
+    go to kernels/fp8_linear.py."""
+    if isinstance(weight, Fp8Weight):
+        return fp8_linear.linear(x, weight, bias, use_triton(x))
     if cpu_linear.applies(x, weight):
         return cpu_linear.linear(x, weight, bias)
     one_row = x.dim() == 2 and x.shape[0] == 1 and bias is None and x.dtype in (torch.bfloat16, torch.float16)

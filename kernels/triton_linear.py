@@ -1,4 +1,4 @@
-"""One-row matmul (a GEMV) in Triton, for batch-1 decode: out[n] = sum_k x[k] * weight[n, k].
+"""One-row matmul (a GEMV) in Triton, for batch-1 decode: out[n] = sum_k x[k] * weight[n, k] (* scale[n]).
 
 One program per BLOCK_N weight rows walks the whole K in BLOCK_K-wide tiles and multiplies in float32
 elementwise, reducing once at the end. On an H200 (the probe described in docs/gpu.md, bf16, weights read
@@ -9,6 +9,8 @@ once, graph replays) BLOCK_N 4, BLOCK_K 2048 and 4 warps were the best of 18 con
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -18,9 +20,20 @@ MAX_BLOCK_K = 2048
 NUM_WARPS = 4
 
 
+@dataclass(frozen=True)
+class GemvTiling:
+    block_n: int = BLOCK_N  # weight rows per program
+    max_block_k: int = MAX_BLOCK_K  # columns per tile, fewer where K is smaller
+    num_warps: int = NUM_WARPS
+
+
+# FP8 rows are half the bytes: a tile twice as wide reads as many bytes per load as the bf16 one.
+FP8_TILING = GemvTiling(max_block_k=2 * MAX_BLOCK_K)
+
+
 @triton.jit
-def _gemv_kernel(x_ptr, weight_ptr, out_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr):  # fmt: skip
+def _gemv_kernel(x_ptr, weight_ptr, scale_ptr, out_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     cols = tl.arange(0, BLOCK_K)
@@ -35,17 +48,23 @@ def _gemv_kernel(x_ptr, weight_ptr, out_ptr, N, K, stride_wn, BLOCK_N: tl.conste
             w = tl.load(w_ptrs + k, mask=row_mask[:, None] & col_mask[None, :], other=0.0)
             x = tl.load(x_ptr + k + cols, mask=col_mask, other=0.0)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
-    tl.store(out_ptr + rows, tl.sum(acc, axis=1).to(out_ptr.dtype.element_ty), mask=row_mask)
+    out = tl.sum(acc, axis=1)
+    if HAS_SCALE:
+        out *= tl.load(scale_ptr + rows, mask=row_mask, other=0.0)
+    tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=row_mask)
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [1, K] @ weight[N, K].T -> [1, N] in x's dtype; weight rows contiguous."""
+def gemv(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None,
+         tiling: GemvTiling = GemvTiling()) -> torch.Tensor:  # fmt: skip
+    """x [1, K] @ weight[N, K].T (times scale[N], float32, when given) -> [1, N] in x's dtype; weight rows
+    contiguous."""
     n, k = weight.shape
     if x.shape != (1, k) or weight.stride(1) != 1:
         raise ValueError(f"gemv takes x [1, {k}] and a weight with contiguous rows, got {tuple(x.shape)}")
     x = x.contiguous()
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
-    block_k = min(MAX_BLOCK_K, triton.next_power_of_2(k))
-    _gemv_kernel[(triton.cdiv(n, BLOCK_N),)](x, weight, out, n, k, weight.stride(0), BLOCK_N=BLOCK_N,
-                                             BLOCK_K=block_k, EVEN_K=k % block_k == 0, num_warps=NUM_WARPS)  # fmt: skip
+    block_k = min(tiling.max_block_k, triton.next_power_of_2(k))
+    _gemv_kernel[(triton.cdiv(n, tiling.block_n),)](x, weight, scale, out, n, k, weight.stride(0), BLOCK_N=tiling.block_n,
+                                                    BLOCK_K=block_k, EVEN_K=k % block_k == 0, HAS_SCALE=scale is not None,
+                                                    num_warps=tiling.num_warps)  # fmt: skip
     return out

@@ -67,6 +67,28 @@ def test_decode_attention(dtype, q_heads, kv_heads, head_dim, num_splits):
     assert int(split_counters(len(DECODE_LENGTHS) * kv_heads, query.device).abs().sum()) == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_decode_attention_one_sequence_of_64k_tokens(dtype):
+    """Batch 1 at 64k context, the shape that splits the most (64 spans of 1k tokens, merged in one load
+    a head), with the split count the engine would choose."""
+    from kvferry.kernels.triton_decode_attention import (
+        choose_num_splits,
+        paged_decode_attention,
+        split_counters,
+    )
+
+    generator = _generator(65536)
+    kv = paged_kv([65536 + 3], 8, 128, 16, dtype, generator, device=CUDA)
+    query = random_tensor((1, 32, 128), dtype, generator, CUDA)
+    args = (kv.block_tables, kv.context_lens, 128**-0.5)
+    assert choose_num_splits(1, 8, kv.block_tables.shape[1] * 16, query.device) > 32
+    out = poisoned(query.shape, dtype, CUDA)
+    paged_decode_attention(query, kv.key_cache, kv.value_cache, *args, out=out)
+    want = reference.paged_decode_attention(query.float(), *kv.reference_caches(), *args)
+    torch.testing.assert_close(out.float(), want, **ATTENTION_TOLERANCE[dtype])
+    assert int(split_counters(8, query.device).abs().sum()) == 0
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize(("q_heads", "kv_heads", "head_dim"), [(32, 8, 128), (8, 8, 64), (64, 8, 128)])
 def test_prefill_attention(dtype, q_heads, kv_heads, head_dim):

@@ -19,10 +19,33 @@ def test_unknown_architecture_is_named():
         ModelConfig.from_dict({**BASE, "architectures": ["GPT2LMHeadModel"]})
 
 
-@pytest.mark.parametrize("key", ["quantization_config", "attn_logit_softcapping"])
+@pytest.mark.parametrize("key", ["attn_logit_softcapping", "mlp_bias"])
 def test_unsupported_key_is_named(key):
     with pytest.raises(UnsupportedModelError, match=key):
         ModelConfig.from_dict({**BASE, key: {"x": 1}})
+
+
+def _compressed_tensors(strategy, kind="float"):
+    weights = {"num_bits": 8, "type": kind, "strategy": strategy, "symmetric": True}
+    return {"quant_method": "compressed-tensors", "format": "float-quantized",
+            "config_groups": {"group_0": {"weights": weights, "targets": ["Linear"]}}, "ignore": ["lm_head"]}  # fmt: skip
+
+
+@pytest.mark.parametrize("quantization_config", [_compressed_tensors("tensor"), _compressed_tensors("channel"),
+                                                 {"quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0}])  # fmt: skip
+def test_fp8_checkpoints_with_tensor_or_channel_scales_are_read_as_fp8(quantization_config):
+    assert ModelConfig.from_dict({**BASE, "quantization_config": quantization_config}).quantization == "fp8"
+    assert ModelConfig.from_dict(BASE).quantization is None
+
+
+@pytest.mark.parametrize(("quantization_config", "named"), [
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise"),
+    ({"quant_method": "gptq", "bits": 4}, "gptq"),
+    (_compressed_tensors("group", kind="int"), "compressed-tensors"),
+])  # fmt: skip
+def test_other_quantizations_are_refused_by_name(quantization_config, named):
+    with pytest.raises(UnsupportedModelError, match=named):
+        ModelConfig.from_dict({**BASE, "quantization_config": quantization_config})
 
 
 def test_unsupported_rope_type_is_named():
