@@ -21,7 +21,7 @@ from kvferry.transfer.kv_connector import pool_description
 
 def engine_args_from(config: NodeConfig) -> EngineArgs:
     return EngineArgs(
-        dtype=config.dtype, device=config.device, max_model_len=config.max_model_len, num_kv_blocks=config.num_kv_blocks,
+        dtype=config.dtype, quantization=config.quantization, device=config.device, max_model_len=config.max_model_len, num_kv_blocks=config.num_kv_blocks,
         max_num_seqs=config.max_num_seqs, max_num_batched_tokens=config.max_num_batched_tokens, block_size=config.block_size,
         gpu_memory_fraction=config.gpu_memory_fraction, kv_cache_bytes=config.kv_cache_bytes,
         served_model_name=config.served_model_name,

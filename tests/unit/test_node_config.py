@@ -37,7 +37,13 @@ def test_two_nodes_share_one_gpu_by_memory_fraction_or_explicit_pool():
 
 def test_defaults_pick_the_device_by_availability():
     args = engine_args_from(_config("decode"))
-    assert args.device == "auto" and args.max_num_seqs == 64
+    assert args.device == "auto" and args.max_num_seqs == 64 and args.quantization is None
+
+
+def test_fp8_weights_are_a_node_flag():
+    assert engine_args_from(_config("decode", "--quantization", "fp8")).quantization == "fp8"
+    with pytest.raises(SystemExit):  # argparse names the choices
+        _config("decode", "--quantization", "int4")
 
 
 def test_bad_limits_are_refused_with_the_field_named():
