@@ -47,15 +47,34 @@ class Fp8Weight:
 
 def quantize_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 values and one float32 scale per row, by absmax: each row's largest magnitude maps to FP8's
-    largest finite value. For weights at load, and for activations before an FP8 GEMM."""
+    largest finite value. For activations before an FP8 GEMM (one pass, and it captures in a CUDA graph)."""
     rows = matrix.to(torch.float32)
     scale = (rows.abs().amax(dim=1) / FP8_MAX).clamp(min=_SMALLEST_SCALE)
     return (rows / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
 
 
+# Shares of a row's largest magnitude tried as the value FP8's largest maps to. Clipping a few outliers
+# buys the rest of the row finer steps; on the real model (teacher-forced top-1 against bf16, 8 prompts
+# x 32 tokens) the row's least-squares choice among these gave 92.6% against absmax alone's 90.6%.
+CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)
+
+
 def quantize_fp8(weight: torch.Tensor) -> Fp8Weight:
-    data, scale = quantize_rows(weight)
+    """Per row, the clip ratio whose FP8 copy is nearest the weight in squared error."""
+    rows = weight.to(torch.float32)
+    amax = rows.abs().amax(dim=1)
+    data, scale, error = _clipped(rows, amax, CLIP_RATIOS[0])
+    for ratio in CLIP_RATIOS[1:]:
+        other_data, other_scale, other_error = _clipped(rows, amax, ratio)
+        better = other_error < error
+        data[better], scale[better], error[better] = other_data[better], other_scale[better], other_error[better]
     return Fp8Weight(data.contiguous(), scale)
+
+
+def _clipped(rows: torch.Tensor, amax: torch.Tensor, ratio: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    scale = (amax * ratio / FP8_MAX).clamp(min=_SMALLEST_SCALE)
+    data = (rows / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return data, scale, (data.to(torch.float32) * scale[:, None] - rows).square().sum(dim=1)
 
 
 def fp8_from_checkpoint(data: torch.Tensor, scale: torch.Tensor) -> Fp8Weight:

@@ -10,6 +10,8 @@
 #   bash tests/gpu/run.sh profile # benchmarks/gpu_decode_profile.py on the same checkpoint
 #   bash tests/gpu/run.sh fp8     # the FP8 and decode-attention kernel tests, then benchmarks/gpu_fp8.py (the
 #                                 # kernel table per shape, then the 8B shape served in bf16 and FP8)
+#   bash tests/gpu/run.sh all     # every phase above in turn: every GPU result file regenerated from this checkout
+#                                 # (about 45 minutes; each phase also fits one 10-minute device call)
 # Logs and kernels.json go to $OUT when it is set (the device tool's folder that comes back), else to
 # benchmarks/results/.
 set -uo pipefail
@@ -47,6 +49,9 @@ case "${1:-}" in
     [ -f $model/config.json ] || "$python" -c "from kvferry.engine.make_model import make_model; make_model('llama', '8b-shape', '$model', dtype='bfloat16', num_shards=4, device='cuda')"
     timeout ${BENCH_TIMEOUT:-300} "$python" -m benchmarks.gpu_decode_profile --model "$model" --out "$out" 2>&1 | tee "$out/gpu_decode_profile.log"
     ;;
+  all)
+    for phase in tests bench serving disaggregated profile fp8; do bash "$0" "$phase"; done
+    ;;
   fp8)
     timeout ${TESTS_TIMEOUT:-240} "$python" -m pytest tests/gpu/test_cuda_fp8.py tests/gpu/test_cuda_kernels.py -q \
       -p no:cacheprovider -k "${TESTS_FILTER:-fp8 or decode or linear}" --durations=8 2>&1 | tee "$out/gpu_fp8_tests.log"
@@ -56,7 +61,7 @@ case "${1:-}" in
     timeout 570 "$python" -m benchmarks.kernels --tune --out "$out/kernels.json" 2>&1 | tee "$out/bench.log"
     ;;
   *)
-    echo "usage: $0 tests|bench|serving|disaggregated|profile|fp8" >&2
+    echo "usage: $0 tests|bench|serving|disaggregated|profile|fp8|all" >&2
     exit 2
     ;;
 esac

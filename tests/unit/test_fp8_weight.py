@@ -1,7 +1,14 @@
 import pytest
 import torch
 
-from kvferry.kernels.fp8_weight import FP8_DTYPE, Fp8Weight, fp8_from_checkpoint, quantize_fp8, stack_fp8
+from kvferry.kernels.fp8_weight import (
+    FP8_DTYPE,
+    Fp8Weight,
+    fp8_from_checkpoint,
+    quantize_fp8,
+    quantize_rows,
+    stack_fp8,
+)
 
 
 def _weight(rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -10,14 +17,25 @@ def _weight(rows: int, cols: int, seed: int) -> torch.Tensor:
     return torch.randn(rows, cols, generator=generator) * torch.logspace(-3, 1, rows)[:, None]
 
 
-def test_per_row_quantization_keeps_every_row_within_fp8_rounding():
+def test_absmax_rows_stay_within_fp8_rounding():
     weight = _weight(64, 256, seed=1)
-    quantized = quantize_fp8(weight)
-    assert quantized.data.dtype == FP8_DTYPE and quantized.scale.shape == (64,)
-    error = (quantized.dequantize(torch.float32) - weight).abs().amax(dim=1)
+    data, scale = quantize_rows(weight)
+    error = (data.float() * scale[:, None] - weight).abs().amax(dim=1)
     # e4m3 keeps 3 mantissa bits: half an ulp is 1/16 of the value, and the row's largest value sets the scale.
     assert torch.all(error <= weight.abs().amax(dim=1) / 16)
     assert torch.all(error > 0)  # it did quantize
+
+
+def test_weights_clip_a_row_only_where_that_brings_it_nearer():
+    weight = _weight(64, 256, seed=4)
+    quantized = quantize_fp8(weight)
+    assert quantized.data.dtype == FP8_DTYPE and quantized.scale.shape == (64,)
+    data, scale = quantize_rows(weight)
+    absmax_error = (data.float() * scale[:, None] - weight).square().sum(dim=1)
+    error = (quantized.dequantize(torch.float32) - weight).square().sum(dim=1)
+    assert torch.all(error <= absmax_error)
+    clipped = quantized.scale < scale
+    assert clipped.any() and torch.all(error[clipped] < absmax_error[clipped])
 
 
 def test_a_row_of_zeros_stays_zero():
