@@ -19,8 +19,9 @@ from interpreted_kernels.test_interpreted_elementwise import LLAMA31_ROPE, TOLER
 from kvferry.engine.model_config import RopeConfig
 from kvferry.engine.rope import cos_sin_cache
 from kvferry.kernels import reference
+from kvferry.kernels.fp8_weight import quantize_fp8
 from kvferry.kernels.triton_decode_attention import paged_decode_attention, split_counters
-from kvferry.kernels.triton_linear import gemv
+from kvferry.kernels.triton_linear import FP8_TILING, gemv
 from kvferry.kernels.triton_rope import apply_rope_and_store_kv
 
 
@@ -79,3 +80,15 @@ def test_gemv_matches_a_float32_matmul(dtype, n, k):
     assert got.dtype == dtype and got.shape == (1, n)
     torch.testing.assert_close(got.float(), want, atol=2e-2 * float(want.abs().max()), rtol=0)
 
+
+
+@pytest.mark.parametrize(("n", "k"), [(13, 4096), (7, 300)])
+def test_gemv_over_fp8_rows_applies_each_row_s_scale(n, k):
+    """The FP8 path of the same kernel: rows of e4m3 bytes, one float32 scale each, applied once per output."""
+    generator = torch.Generator().manual_seed(25)
+    x = random_tensor((1, k), torch.bfloat16, generator)
+    weight = quantize_fp8(random_tensor((n, k), torch.float32, generator) * torch.logspace(-2, 1, n)[:, None])
+    want = torch.nn.functional.linear(x.float(), weight.dequantize(torch.float32))
+    got = gemv(x, weight.data, weight.scale, FP8_TILING)
+    assert got.dtype == torch.bfloat16 and got.shape == (1, n)
+    torch.testing.assert_close(got.float(), want, atol=2e-2 * float(want.abs().max()), rtol=0)
