@@ -144,7 +144,7 @@ def test_the_operators_pods_start_and_agree(variant: str, tmp_path: Path, monkey
     discovery = router.discovery
     assert discovery.mode == "kubernetes" and discovery.namespace == REF.namespace
     for pod, config in nodes:
-        assert config.url == node_url(pod.ip, discovery.port) == f"http://{pod.ip}:{discovery.port}"
+        assert config.url == node_url(pod.ip, discovery.port, router.node_scheme) == f"http://{pod.ip}:{discovery.port}"
         assert {"name": "http", "containerPort": config.port, "protocol": "TCP"} in pod.container["ports"]
         labels = pod.template["metadata"]["labels"]
         assert discovery.selectors[config.role].items() <= labels.items()  # the router watches this pod
