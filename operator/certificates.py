@@ -71,11 +71,15 @@ def _serial(label: str) -> int:
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
 
 
 def _signed(builder: x509.CertificateBuilder, key: ec.EllipticCurvePrivateKey) -> bytes:
-    return builder.sign(key, hashes.SHA256(), ecdsa_deterministic=True).public_bytes(serialization.Encoding.PEM)
+    return builder.sign(key, hashes.SHA256(), ecdsa_deterministic=True).public_bytes(
+        serialization.Encoding.PEM
+    )
 
 
 def _name(common_name: str) -> x509.Name:
@@ -97,9 +101,17 @@ def cluster_ca(seed: bytes, cluster_uid: str, common_name: str, created: datetim
         .not_valid_after(created + CA_LIFETIME)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
-            x509.KeyUsage(digital_signature=False, content_commitment=False, key_encipherment=False,
-                          data_encipherment=False, key_agreement=False, key_cert_sign=True, crl_sign=True,
-                          encipher_only=False, decipher_only=False),
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
             critical=True,
         )
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public), critical=False)
@@ -107,7 +119,9 @@ def cluster_ca(seed: bytes, cluster_uid: str, common_name: str, created: datetim
     return KeyPair(_signed(builder, key), _key_pem(key))
 
 
-def serving_certificate(seed: bytes, cluster_uid: str, ca: KeyPair, dns_names: Sequence[str], period: Period) -> KeyPair:
+def serving_certificate(
+    seed: bytes, cluster_uid: str, ca: KeyPair, dns_names: Sequence[str], period: Period
+) -> KeyPair:
     """The nodes' certificate of `period`, for `dns_names`, signed by `ca`; its key is the period's own."""
     label = f"kvferry/internal-tls/{cluster_uid}/{period.index}/{','.join(dns_names)}"
     key = _derived_key(seed, label)
@@ -124,7 +138,11 @@ def serving_certificate(seed: bytes, cluster_uid: str, ca: KeyPair, dns_names: S
         .not_valid_after(period.not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name) for name in dns_names]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName(name) for name in dns_names]), critical=False
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
     )
     return KeyPair(_signed(builder, ca_key), _key_pem(key))

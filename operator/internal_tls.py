@@ -39,7 +39,9 @@ def server_name(ref: ClusterRef, settings: InternalTLSSpec) -> str:
 def certificate_names(ref: ClusterRef, settings: InternalTLSSpec) -> list[str]:
     """The issued certificate's names: `server_name`, and the nodes' headless Services, for a client that
     reaches a node by its Service's DNS name."""
-    return [server_name(ref, settings)] + [f"{ref.child_name(role)}.{ref.namespace}.svc" for role in NODE_ROLES]
+    return [server_name(ref, settings)] + [
+        f"{ref.child_name(role)}.{ref.namespace}.svc" for role in NODE_ROLES
+    ]
 
 
 def serving_secret_name(ref: ClusterRef, settings: InternalTLSSpec) -> str:
@@ -56,15 +58,21 @@ def build_internal_tls_secrets(
     if settings is None or settings.mode != "selfSigned":
         return []
     if seed is None:
-        raise NoSigningSeed(f"internalTls.mode selfSigned needs the operator's signing seed (${SEED_ENV}), which "
-                            "this operator was started without; the chart always gives one")
+        raise NoSigningSeed(
+            f"internalTls.mode selfSigned needs the operator's signing seed (${SEED_ENV}), which "
+            "this operator was started without; the chart always gives one"
+        )
     ca = cluster_ca(seed, ref.uid, f"kvferry internal CA {ref.namespace}/{ref.name}", created)
-    issued = serving_certificate(seed, ref.uid, ca, certificate_names(ref, settings), serving_period(created, now))
+    issued = serving_certificate(
+        seed, ref.uid, ca, certificate_names(ref, settings), serving_period(created, now)
+    )
     data = {CERT_KEY: issued.cert_pem, KEY_KEY: issued.key_pem, CA_CERT_KEY: ca.cert_pem}
-    return [{
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": child_metadata(ref, "internal-tls"),
-        "type": "kubernetes.io/tls",
-        "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
-    }]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": child_metadata(ref, "internal-tls"),
+            "type": "kubernetes.io/tls",
+            "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
+        }
+    ]

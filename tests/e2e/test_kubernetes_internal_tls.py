@@ -33,11 +33,16 @@ def _container(cluster: Cluster, role: str) -> dict:
     pod = deployment["spec"]["template"]["spec"]
     [container] = pod["containers"]
     [volume] = [volume for volume in pod["volumes"] if volume["name"] == "internal-tls"]
-    return {"container": container, "items": [item["key"] for item in volume["secret"]["items"]],
-            "secret": volume["secret"]["secretName"]}
+    return {
+        "container": container,
+        "items": [item["key"] for item in volume["secret"]["items"]],
+        "secret": volume["secret"]["secretName"],
+    }
 
 
-def test_the_operator_issues_mounts_and_rotates_the_nodes_certificate(cluster: Cluster, start_operator) -> None:
+def test_the_operator_issues_mounts_and_rotates_the_nodes_certificate(
+    cluster: Cluster, start_operator
+) -> None:
     manifest = example()
     manifest["spec"]["internalTls"] = {"mode": "selfSigned"}
     operator = start_operator()
@@ -50,9 +55,15 @@ def test_the_operator_issues_mounts_and_rotates_the_nodes_certificate(cluster: C
     cert.verify_directly_issued_by(ca)
     key = serialization.load_pem_private_key(first["tls.key"], password=None)
     assert key.public_key() == cert.public_key()
-    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName
+    )
     server_name = f"{NAME}-nodes.{cluster.namespace}.svc"
-    assert names == [server_name, f"{NAME}-prefill.{cluster.namespace}.svc", f"{NAME}-decode.{cluster.namespace}.svc"]
+    assert names == [
+        server_name,
+        f"{NAME}-prefill.{cluster.namespace}.svc",
+        f"{NAME}-decode.{cluster.namespace}.svc",
+    ]
 
     for role in ("prefill", "decode"):
         node = _container(cluster, role)
@@ -70,7 +81,9 @@ def test_the_operator_issues_mounts_and_rotates_the_nodes_certificate(cluster: C
     # Resyncs leave the Secret as it is: the same certificate, not a new one each time.
     version = cluster.get("secret", SECRET)["metadata"]["resourceVersion"]
     resyncs = operator.log().count(f"resynced {cluster.namespace}/{NAME}")
-    cluster.wait("two resyncs", lambda: operator.log().count(f"resynced {cluster.namespace}/{NAME}") >= resyncs + 2, 60)
+    cluster.wait(
+        "two resyncs", lambda: operator.log().count(f"resynced {cluster.namespace}/{NAME}") >= resyncs + 2, 60
+    )
     assert cluster.get("secret", SECRET)["metadata"]["resourceVersion"] == version
 
     # Two thirds of its lifetime later a reconcile issues the next one (the operator's would, on its resync).

@@ -42,7 +42,8 @@ def gpu_variant() -> dict[str, Any]:
     }
 
 
-SPECS = {"example": EXAMPLE["spec"], "two-replicas-gpu": gpu_variant()}
+SPECS = {"example": EXAMPLE["spec"], "two-replicas-gpu": gpu_variant(),
+         "internal-tls": {**EXAMPLE["spec"], "internalTls": {"mode": "selfSigned"}}}
 
 
 class FakePod:
@@ -54,7 +55,7 @@ class FakePod:
         self.ip = ip
         [self.container] = self.template["spec"]["containers"]
         self.env = {var["name"]: self._value(var) for var in self.container["env"]}
-        self.mounts = self._mount_config_maps(config_maps, root / self.name)
+        self.mounts = self._mount_volumes(config_maps, root / self.name)
 
     def _value(self, var: dict[str, Any]) -> str:
         if "value" in var:
@@ -67,17 +68,25 @@ class FakePod:
         secret = source["secretKeyRef"]
         return f"secret:{secret['name']}/{secret['key']}"
 
-    def _mount_config_maps(self, config_maps: dict[str, dict], root: Path) -> dict[str, Path]:
+    def _mount_volumes(self, config_maps: dict[str, dict], root: Path) -> dict[str, Path]:
+        """ConfigMaps with their files; Secrets with the files their items name (a placeholder each: what
+        the entry points check before they serve is that the files are there)."""
         volumes = {volume["name"]: volume for volume in self.template["spec"]["volumes"]}
         mounts = {}
         for mount in self.container["volumeMounts"]:
             volume = volumes[mount["name"]]
             if "configMap" in volume:
-                folder = root / mount["mountPath"].lstrip("/")
-                folder.mkdir(parents=True)
-                for file_name, text in config_maps[volume["configMap"]["name"]]["data"].items():
-                    (folder / file_name).write_text(text)
-                mounts[mount["mountPath"]] = folder
+                files = config_maps[volume["configMap"]["name"]]["data"]
+            elif "secret" in volume:
+                files = {item["path"]: f"secret:{volume['secret']['secretName']}/{item['key']}"
+                         for item in volume["secret"].get("items", [])}
+            else:
+                continue
+            folder = root / mount["mountPath"].lstrip("/")
+            folder.mkdir(parents=True)
+            for file_name, text in files.items():
+                (folder / file_name).write_text(text)
+            mounts[mount["mountPath"]] = folder
         return mounts
 
     def argv(self) -> list[str]:
@@ -143,8 +152,10 @@ def test_the_operators_pods_start_and_agree(variant: str, tmp_path: Path, monkey
     # Its published URL is its pod IP's, exactly as the router's discovery builds it from the pod.
     discovery = router.discovery
     assert discovery.mode == "kubernetes" and discovery.namespace == REF.namespace
+    scheme = "https" if "internalTls" in spec else "http"
+    assert router.node_scheme == scheme
     for pod, config in nodes:
-        assert config.url == node_url(pod.ip, discovery.port, router.node_scheme) == f"http://{pod.ip}:{discovery.port}"
+        assert config.url == node_url(pod.ip, discovery.port, router.node_scheme) == f"{scheme}://{pod.ip}:{discovery.port}"
         assert {"name": "http", "containerPort": config.port, "protocol": "TCP"} in pod.container["ports"]
         labels = pod.template["metadata"]["labels"]
         assert discovery.selectors[config.role].items() <= labels.items()  # the router watches this pod
