@@ -60,7 +60,6 @@ from kvferry.router.scheduling.prefix_lookup import PrefixLookup
 from kvferry.router.scheduling.routing_history import RoutingHistory
 from kvferry.router.scheduling.sessions import SessionAffinity
 from kvferry.router.service import CompletionService
-from kvferry.tls.watch import FileWatch
 
 TRUST_CHECK_SECONDS = 10.0  # how often the nodes' CA bundle is looked at for a rotated CA
 
@@ -110,12 +109,6 @@ def _checking_server_name(name: str) -> Callable[[httpx.Request], Awaitable[None
     return check
 
 
-async def _check_every(watch: FileWatch, seconds: float) -> None:
-    while True:
-        await asyncio.sleep(seconds)
-        watch.check()
-
-
 def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery: Discovery | None = None) -> FastAPI:
     """`index` and `discovery` replace the ones the config names (tests)."""
     model = config.served_model_name
@@ -158,7 +151,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await cluster.start()
-        trust_check = (asyncio.create_task(_check_every(trust.watch(tls), TRUST_CHECK_SECONDS))
+        trust_check = (asyncio.create_task(trust.watch(tls).check_every(TRUST_CHECK_SECONDS))
                        if trust is not None and tls is not None else None)
         # What is alive now (the imports: ~75k objects, ~250k when they still brought torch) lives as long as
         # the process: out of the collector's sight. Each full collection traversed all of it (~0.1 s with

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvferry.cluster_config import ClusterConfig, load_cluster_config
 from kvferry.router.scheduling.policies import POLICIES, Policy
@@ -58,6 +58,15 @@ class InternalTLSSection(_Section):
 
     ca_file: str  # the CA bundle that signs the nodes' certificates, reloaded when it changes
     server_name: str | None = None  # the name every node's certificate carries; default: the address dialled
+
+    @field_validator("ca_file")
+    @classmethod
+    def _loads(cls, ca_file: str) -> str:
+        try:  # said at start, naming the file, not as the first node call's SSL error
+            NodeTrust(ca_file).context()
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot load the CA bundle {ca_file}: {exc}") from None
+        return ca_file
 
     def node_trust(self) -> NodeTrust:
         return NodeTrust(self.ca_file, self.server_name)

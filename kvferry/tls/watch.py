@@ -5,6 +5,7 @@ of what the files hold is the same test for that, for a file rewritten in place,
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Callable, Sequence
@@ -44,3 +45,10 @@ class FileWatch:
         self._loaded = now
         log.info("reloaded %s", ", ".join(self.paths))
         return True
+
+    async def check_every(self, seconds: float) -> None:
+        """`check` every `seconds`, on the event loop (an SSLContext is not to be changed from another thread),
+        until cancelled."""
+        while True:
+            await asyncio.sleep(seconds)
+            self.check()

@@ -78,15 +78,19 @@ def test_the_router_trusts_only_its_ca_and_adds_a_rotated_one(tmp_path: Path) ->
     assert len(context.get_ca_certs()) == 2  # the old CA's nodes stay trusted while the new one rolls out
 
 
-def test_with_internal_tls_plain_http_nodes_are_refused_or_ignored() -> None:
-    with pytest.raises(ValidationError, match="are not https://"):
-        RouterConfig.model_validate(
-            {
-                "model": {"path": "m"},
-                "internal_tls": {"ca_file": "ca.crt"},
-                "discovery": {"decode": ["http://10.0.0.2:8100"]},
-            }
+def test_with_internal_tls_plain_http_nodes_are_refused_or_ignored(tmp_path: Path) -> None:
+    def config(ca_file: Path, decode: str) -> RouterConfig:
+        tls = {"ca_file": str(ca_file)}
+        return RouterConfig.model_validate(
+            {"model": {"path": "m"}, "internal_tls": tls, "discovery": {"decode": [decode]}}
         )
+
+    ca = Pki(tmp_path / "pki").ca_cert
+    assert config(ca, "https://10.0.0.2:8100").node_scheme == "https"
+    with pytest.raises(ValidationError, match="are not https://"):
+        config(ca, "http://10.0.0.2:8100")
+    with pytest.raises(ValidationError, match="cannot load the CA bundle"):  # said at start, naming the file
+        config(tmp_path / "missing.crt", "https://10.0.0.2:8100")
     registry = InMemoryRegistry()
     registry.publish("plain", {"role": "decode", "url": "http://10.0.0.1:8100"})
     registry.publish("tls", {"role": "decode", "url": "https://10.0.0.2:8100"})
