@@ -53,8 +53,8 @@ Fetch = Callable[[list[str]], list[str]]  # /metrics URLs -> the texts of those 
 
 def fetch_metrics(urls: list[str]) -> list[str]:
     texts = []
-    # A TLS router's certificate is not checked: its CA is the user's, not the operator's, and a scrape sends
-    # nothing secret (a certificate for a pod IP is rare anyway).
+    # A TLS pod's certificate is not checked: a router's CA is the user's, not the operator's, a node's names
+    # no pod IP, and a scrape sends nothing secret.
     with httpx.Client(timeout=SCRAPE_TIMEOUT_S, verify=False) as client:
         for url in urls:
             try:
@@ -132,7 +132,8 @@ class Autoscaler:
 
     def _metrics_urls(self, ref: ClusterRef, role: str, spec: InferenceClusterSpec) -> list[str]:
         pods = self._kube.list("v1", "Pod", ref.namespace, f"{CLUSTER_LABEL}={ref.name},{ROLE_LABEL}={role}")
-        scheme = "https" if role == "router" and spec.router.tls_secret is not None else "http"
+        tls = spec.router.tls_secret is not None if role == "router" else spec.internal_tls is not None
+        scheme = "https" if tls else "http"
         return [f"{scheme}://{pod['status']['podIP']}:{NODE_PORT}/metrics" for pod in pods if _serving(pod)]
 
     def _record(self, ref: ClusterRef, body: Mapping[str, Any], counts: Mapping[str, int | None],

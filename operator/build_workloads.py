@@ -18,6 +18,7 @@ from kvferry.operator.build_rbac import router_service_account_name
 from kvferry.operator.build_redis import redis_password_env
 from kvferry.operator.crd_model import EnvVar, InferenceClusterSpec, RoleSpec, RouterSpec, TracingSpec
 from kvferry.operator.internal_secret import TOKEN_KEY, internal_secret_name
+from kvferry.operator.internal_tls import CA_CERT_KEY, CERT_KEY, KEY_KEY, server_name, serving_secret_name
 from kvferry.operator.model_source import parse_model_source
 from kvferry.operator.naming import (
     CONFIG_HASH_ANNOTATION,
@@ -67,6 +68,8 @@ def _downward_env() -> dict[str, dict[str, Any]]:
 
 
 TLS_DIR = "/etc/kvferry/tls"  # the router's certificate and key, from spec.router.tlsSecret
+# From spec.internalTls's Secret: the nodes' certificate and key on the nodes, the CA bundle on the routers.
+INTERNAL_TLS_DIR = "/etc/kvferry/internal-tls"
 PRE_STOP_SECONDS = 3
 CLOSE_SECONDS = 10
 
@@ -88,14 +91,28 @@ def _pre_stop(role: ServingRole, drain_seconds: int, scheme: str) -> dict[str, A
     return {"sleep": {"seconds": PRE_STOP_SECONDS}}
 
 
-def _args(role: ServingRole, role_spec: RoleSpec) -> list[str]:
+def _args(ref: ClusterRef, spec: InferenceClusterSpec, role: ServingRole) -> list[str]:
+    role_spec = spec.role(role)
     args = [role, "--config", CONFIG_PATH, "--host", "0.0.0.0", "--port", str(NODE_PORT),
             "--shutdown-grace", str(role_spec.drain_seconds)]
     if role != "router":
         args += ["--name", f"$({POD_NAME_ENV})", "--advertise-host", f"$({POD_IP_ENV})"]
     if _tls_secret(role_spec) is not None:
         args += ["--tls-cert-file", f"{TLS_DIR}/tls.crt", "--tls-key-file", f"{TLS_DIR}/tls.key"]
+    if (internal := spec.internal_tls) is not None:
+        if role == "router":
+            args += ["--internal-ca-file", f"{INTERNAL_TLS_DIR}/{CA_CERT_KEY}",
+                     "--internal-server-name", server_name(ref, internal)]
+        else:
+            args += ["--tls-cert-file", f"{INTERNAL_TLS_DIR}/{CERT_KEY}", "--tls-key-file", f"{INTERNAL_TLS_DIR}/{KEY_KEY}"]
     return args
+
+
+def _scheme(spec: InferenceClusterSpec, role: ServingRole) -> str:
+    """How the kubelet's probes reach the role's pods: HTTPS where they serve it (spec.router.tlsSecret on
+    the router, spec.internalTls on the nodes)."""
+    tls = _tls_secret(spec.router) is not None if role == "router" else spec.internal_tls is not None
+    return "HTTPS" if tls else "HTTP"
 
 
 def _tls_secret(role_spec: RoleSpec) -> str | None:
@@ -164,6 +181,12 @@ def _volumes(spec: InferenceClusterSpec, role: ServingRole, ref: ClusterRef) -> 
     if (tls := _tls_secret(spec.role(role))) is not None:
         volumes.append({"name": "tls", "secret": {"secretName": tls}})
         mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+    if spec.internal_tls is not None:
+        # Each pod gets what it uses: a router has no use for the nodes' private key.
+        keys = [CA_CERT_KEY] if role == "router" else [CERT_KEY, KEY_KEY]
+        secret = {"secretName": serving_secret_name(ref, spec.internal_tls), "items": [{"key": k, "path": k} for k in keys]}
+        volumes.append({"name": "internal-tls", "secret": secret})
+        mounts.append({"name": "internal-tls", "mountPath": INTERNAL_TLS_DIR, "readOnly": True})
     if role != "router":
         # UCX's shared-memory transports need a /dev/shm larger than the runtime's 64 MiB default.
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
@@ -207,14 +230,14 @@ def build_role_deployment(
     leaves it out, so that server-side apply neither sets nor resets what another controller scaled."""
     role_spec = spec.role(role)
     drain = role_spec.drain_seconds
-    scheme = "HTTP" if _tls_secret(role_spec) is None else "HTTPS"
+    scheme = _scheme(spec, role)
     volumes, mounts = _volumes(spec, role, ref)
     container = {
         "name": role,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["kvferry"],
-        "args": _args(role, role_spec),
+        "args": _args(ref, spec, role),
         "ports": [{"name": "http", "containerPort": NODE_PORT, "protocol": "TCP"}],
         "env": _container_env(ref, spec, role, role_spec),
         "resources": _resources(role_spec),

@@ -76,8 +76,14 @@ def run(args: argparse.Namespace) -> int:
     # Imported here so that `kvferry --help` does not load kopf and the Kubernetes client.
     import kopf
 
+    from kvferry.operator.certificates import MIN_SEED_BYTES
+    from kvferry.operator.internal_tls import SEED_ENV
     from kvferry.operator.reconcile import ReconcileSettings
     from kvferry.operator.runner import OperatorConfig, run_operator
+
+    seed = os.environ.get(SEED_ENV, "").encode() or None
+    if seed is not None and len(seed) < MIN_SEED_BYTES:
+        raise SystemExit(f"kvferry operator: ${SEED_ENV} must hold at least {MIN_SEED_BYTES} bytes")
 
     kopf.configure(verbose=args.verbose,
                    log_format=kopf.LogFormat.JSON if args.log_format == "json" else kopf.LogFormat.FULL)
@@ -99,6 +105,6 @@ def run(args: argparse.Namespace) -> int:
         autoscale_s=args.autoscale_seconds,
         health_host=args.health_host,
         health_port=args.health_port,
-        reconcile=ReconcileSettings(test_hook_apply_delay_s=args.test_hook_apply_delay),
+        reconcile=ReconcileSettings(test_hook_apply_delay_s=args.test_hook_apply_delay, signing_seed=seed),
     )
     return run_operator(config)

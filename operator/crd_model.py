@@ -377,6 +377,42 @@ class TracingSpec(KubeModel):
                                 "follow the router's decision (a client's sampled traceparent is followed too).")
 
 
+class InternalTLSSpec(KubeModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "(self.mode == 'secret') == has(self.secretName)",
+                    "message": "internalTls.secretName goes with mode secret, and only with it",
+                },
+            ]
+        }
+    )
+
+    mode: Literal["selfSigned", "secret"] = Field(
+        description="selfSigned: the operator makes a CA for this cluster (Secret <name>-internal-ca) and "
+        "issues the nodes' certificate from it (Secret <name>-internal-tls), again before a third of its "
+        "lifetime is left; secret: the nodes' certificate comes from secretName."
+    )
+    secret_name: DnsSubdomain | None = Field(
+        None,
+        description="mode secret: a Secret in the cluster's namespace with tls.crt and tls.key (the nodes' "
+        "certificate, valid for serverName) and ca.crt (the CA bundle the router trusts), as cert-manager "
+        "writes them. Pods take a rotated one without a restart.",
+    )
+    server_name: DnsSubdomain | None = Field(
+        None,
+        description="The name the nodes' certificate carries, which the router checks while it dials pod IPs; "
+        "default <name>-nodes.<namespace>.svc.",
+    )
+
+    @model_validator(mode="after")
+    def _secret_with_its_mode(self) -> InternalTLSSpec:
+        if (self.mode == "secret") != (self.secret_name is not None):
+            raise ValueError("internalTls.secretName goes with mode secret, and only with it")
+        return self
+
+
 class InferenceClusterSpec(KubeModel):
     model: ModelSpec = Field(description="The model every node serves.")
     image: str = Field(
@@ -417,6 +453,11 @@ class InferenceClusterSpec(KubeModel):
             "Secret holding the token the router sends to prefill and decode nodes, which refuse internal "
             "calls and KV transfers without it; without it the operator makes one (Secret <name>-internal)."
         ),
+    )
+    internal_tls: InternalTLSSpec | None = Field(
+        None,
+        description="HTTPS between the router and the nodes: the nodes serve HTTPS only and the router trusts "
+        "their CA alone (docs/kubernetes.md); unset, plain HTTP inside the cluster.",
     )
 
     def role(self, role: ServingRole) -> RoleSpec:

@@ -29,7 +29,7 @@ FIELD_MANAGER = MANAGED_BY
 # and the cluster name is also a label value (at most 63). 50 leaves room for both.
 MAX_CLUSTER_NAME_LENGTH = 50
 
-Component = Literal["prefill", "decode", "router", "redis", "config", "internal"]
+Component = Literal["prefill", "decode", "router", "redis", "config", "internal", "internal-ca", "internal-tls", "nodes"]
 NodeRole = Literal["prefill", "decode"]
 NODE_ROLES: tuple[NodeRole, ...] = ("prefill", "decode")
 ServingRole = Literal["prefill", "decode", "router"]

@@ -11,7 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from kvferry.operator.children import CHILD_KINDS, build_children
 from kvferry.operator.crd_model import InferenceClusterSpec
 from kvferry.operator.internal_secret import ensure_internal_secret
+from kvferry.operator.internal_tls import NoSigningSeed, build_internal_tls_secrets
 from kvferry.operator.kube import Kube
 from kvferry.operator.naming import API_VERSION, CLUSTER_LABEL, KIND, SERVING_ROLES, ClusterRef
 from kvferry.operator.replica_counts import decided_counts
@@ -29,14 +30,21 @@ from kvferry.operator.validation import InvalidSpec, parse_spec
 logger = logging.getLogger("kvferry.operator")
 
 # Reasons that only a reconcile can establish or clear: a child event must not overwrite them.
-RECONCILE_PROBLEMS = ("InvalidSpec", "ApplyFailed")
+RECONCILE_PROBLEMS = ("InvalidSpec", "ApplyFailed", "NoSigningSeed")
 STATUS_WRITE_ATTEMPTS = 5
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)
 class ReconcileSettings:
     # Test hook: sleep between child applies so a test can kill the operator in the middle of a reconcile.
     test_hook_apply_delay_s: float = 0.0
+    # What the internal TLS certificates derive from (operator/certificates.py); None: mode selfSigned fails.
+    signing_seed: bytes | None = field(default=None, repr=False)
+    clock: Callable[[], datetime] = _now  # when the certificates' periods are reckoned from
 
 
 def _key(manifest: Mapping[str, Any]) -> tuple[str, str, str]:
@@ -145,12 +153,23 @@ def reconcile(kube: Kube, body: Mapping[str, Any], settings: ReconcileSettings) 
             kube, ref, _status_computer(kube, ref, None, Problem("InvalidSpec", str(error)), generation)
         )
         return
-    children = build_children(ref, spec, decided_counts(body.get("status")))
+    try:
+        # First: the pods mount it. Rebuilt as of now by every reconcile, resyncs included, which rotates it.
+        secrets = build_internal_tls_secrets(ref, spec, settings.signing_seed, _created(body), settings.clock())
+    except NoSigningSeed as error:
+        logger.warning("%s/%s: %s", ref.namespace, ref.name, error)
+        write_status(kube, ref, _status_computer(kube, ref, spec, Problem("NoSigningSeed", str(error)), generation))
+        return
+    children = secrets + build_children(ref, spec, decided_counts(body.get("status")))
     ensure_internal_secret(kube, ref)  # before the pods that read it
     problem = _apply_all(kube, children, settings)
     if problem is None:
         prune(kube, ref, children)
     write_status(kube, ref, _status_computer(kube, ref, spec, problem, generation))
+
+
+def _created(body: Mapping[str, Any]) -> datetime:
+    return datetime.fromisoformat(body["metadata"]["creationTimestamp"])
 
 
 def _apply_all(kube: Kube, children: list[dict[str, Any]], settings: ReconcileSettings) -> Problem | None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import gc
+import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import httpx
@@ -59,17 +61,19 @@ from kvferry.router.scheduling.routing_history import RoutingHistory
 from kvferry.router.scheduling.sessions import SessionAffinity
 from kvferry.router.service import CompletionService
 
+TRUST_CHECK_SECONDS = 10.0  # how often the nodes' CA bundle is looked at for a rotated CA
+
 NODE_CLIENT_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=512)
 
 
 def _discovery(config: RouterConfig, view: RegistryView) -> Discovery:
     settings = config.discovery
     if settings.mode == "registry":
-        return RegistryDiscovery(view)
+        return RegistryDiscovery(view, config.node_scheme)
     if settings.mode == "kubernetes":
         from kvferry.router.discovery.kubernetes import KubernetesDiscovery
 
-        return KubernetesDiscovery.from_config(settings)
+        return KubernetesDiscovery.from_config(settings, config.node_scheme)
     return StaticDiscovery(settings.prefill, settings.decode)
 
 
@@ -98,14 +102,25 @@ async def _bear_request_id(request: httpx.Request) -> None:
     request.headers.update(request_id_headers())
 
 
+def _checking_server_name(name: str) -> Callable[[httpx.Request], Awaitable[None]]:
+    async def check(request: httpx.Request) -> None:
+        request.extensions["sni_hostname"] = name  # the name the node's certificate must carry (tls/client.py)
+
+    return check
+
+
 def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery: Discovery | None = None) -> FastAPI:
     """`index` and `discovery` replace the ones the config names (tests)."""
     model = config.served_model_name
     metrics = RouterMetrics()
     # Every call to a node bears the cluster token (the nodes' internal API refuses calls without it).
     node_headers = bearer_headers(cluster_token_from(config.cluster_token_file))
+    trust = config.internal_tls.node_trust() if config.internal_tls is not None else None
+    tls: ssl.SSLContext | None = trust.context() if trust is not None else None
+    server_name = trust.server_name if trust is not None else None
+    hooks = [_bear_request_id] + ([_checking_server_name(server_name)] if server_name else [])
     client = httpx.AsyncClient(limits=NODE_CLIENT_LIMITS, timeout=httpx.Timeout(60.0, connect=5.0), headers=node_headers,
-                               event_hooks={"request": [_bear_request_id]})
+                               verify=tls if tls is not None else True, event_hooks={"request": hooks})
     view = RegistryView(registry_from(config.registry_url) if config.registry_url else None, config.stale_record_seconds)
     cluster = ClusterState(discovery or _discovery(config, view), view, HealthTracker(), config.health_interval_seconds, client,
                            config.probe_timeout_seconds, tokenizer_fingerprint(config.model.path))
@@ -115,7 +130,7 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
                             config.model.chat_template_source())
     pd = PDDecision(config.disaggregation, config.disaggregation_min_tokens)
     admission = Admission(config.max_inflight)
-    flow = PDFlow(client, NodeStreams(node_headers), cluster, metrics, config.prefill_timeout_seconds, pd)
+    flow = PDFlow(client, NodeStreams(node_headers, tls, server_name), cluster, metrics, config.prefill_timeout_seconds, pd)
     check = RequestCheck(model, config.unsupported_fields)
     service = CompletionService(
         model=model, encoder=encoder, cluster=cluster,
@@ -136,12 +151,16 @@ def create_app(config: RouterConfig, index: PrefixIndex | None = None, discovery
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await cluster.start()
+        trust_check = (asyncio.create_task(trust.watch(tls).check_every(TRUST_CHECK_SECONDS))
+                       if trust is not None and tls is not None else None)
         # What is alive now (the imports: ~75k objects, ~250k when they still brought torch) lives as long as
         # the process: out of the collector's sight. Each full collection traversed all of it (~0.1 s with
         # torch) while requests stream, and those collections were about a third of the router's CPU at 64
         # streams (docs/router.md).
         gc.freeze()
         yield
+        if trust_check is not None:
+            trust_check.cancel()
         await cluster.stop()
         await flow.aclose()
         await response_store.aclose()

@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kvferry.cluster_config import ClusterConfig, load_cluster_config
 from kvferry.router.scheduling.policies import POLICIES, Policy
+from kvferry.tls.client import NodeTrust
 
 # What a request field kvferry does not implement gets: a 400 naming it (OpenAI's way), or a logged warning.
 UnsupportedFields = Literal["reject", "warn"]
@@ -52,6 +53,25 @@ class DiscoverySection(_Section):
     kubeconfig: str | None = None  # default: in-cluster config
 
 
+class InternalTLSSection(_Section):
+    """The router speaks HTTPS to its nodes (kvferry/tls/client.py)."""
+
+    ca_file: str  # the CA bundle that signs the nodes' certificates, reloaded when it changes
+    server_name: str | None = None  # the name every node's certificate carries; default: the address dialled
+
+    @field_validator("ca_file")
+    @classmethod
+    def _loads(cls, ca_file: str) -> str:
+        try:  # said at start, naming the file, not as the first node call's SSL error
+            NodeTrust(ca_file).context()
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot load the CA bundle {ca_file}: {exc}") from None
+        return ca_file
+
+    def node_trust(self) -> NodeTrust:
+        return NodeTrust(self.ca_file, self.server_name)
+
+
 class PluginSection(_Section):
     name: str  # an entry point of the group kvferry.plugins, or "module:attribute"
     options: dict[str, Any] = Field(default_factory=dict)
@@ -75,6 +95,9 @@ class RouterConfig(_Section):
     # The nodes' shared token (a mounted Secret), sent on every call to a node; default the
     # KVFERRY_CLUSTER_TOKEN variable; neither: calls go without one (nodes that have none accept them).
     cluster_token_file: str | None = None
+    # HTTPS to the nodes; None: plain HTTP. With it, a node URL that is not https:// is refused (static) or
+    # ignored (registry records), so the cluster token never crosses in the clear.
+    internal_tls: InternalTLSSection | None = None
     max_inflight: int = Field(256, ge=1)  # requests beyond it get 429
     max_body_bytes: int = Field(1 << 20, ge=1024)
     default_max_tokens: int | None = None  # chat without max_tokens: default the rest of the context
@@ -108,6 +131,18 @@ class RouterConfig(_Section):
     def _known_policy(self) -> RouterConfig:
         self.resolve_policy()
         return self
+
+    @model_validator(mode="after")
+    def _static_nodes_over_tls(self) -> RouterConfig:
+        plain = [url for url in self.discovery.prefill + self.discovery.decode if not url.startswith("https://")]
+        if self.internal_tls is not None and plain:
+            raise ValueError(f"internal_tls is on, but node URLs {plain} are not https://")
+        return self
+
+    @property
+    def node_scheme(self) -> str:
+        """How the router speaks to its nodes: https with internal_tls, else http."""
+        return "http" if self.internal_tls is None else "https"
 
     @property
     def served_model_name(self) -> str:

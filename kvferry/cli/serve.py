@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from kvferry.logs import add_logging_arguments, configure_logging
 from kvferry.node.config import add_node_arguments, node_config_from
+from kvferry.tls.files import ServingFiles, add_serving_arguments
 from kvferry.tracing import add_tracing_arguments, configure_tracing
 
 if TYPE_CHECKING:
@@ -44,9 +45,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _serve_node(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from kvferry.node.runtime import NodeRuntime
+    from kvferry.tls.server import serve
 
     configure_logging(args.log_level, args.log_format)
     try:
@@ -67,9 +67,8 @@ def _serve_node(args: argparse.Namespace) -> int:
     # A bounded graceful shutdown (--shutdown-grace): keep-alive connections from a router must not hold a node up.
     # The standard asyncio loop, which uvicorn would swap for uvloop (a router dependency): the nodes' engine and
     # transfer threads are tested against it, and only the router's per-token relay was measured to need uvloop.
-    uvicorn.run(create_app(runtime), host=config.host, port=config.port, **_UVICORN_LOGGING,
-                timeout_graceful_shutdown=config.shutdown_grace_seconds,
-                loop="asyncio")
+    serve(create_app(runtime), config.serving_files, host=config.host, port=config.port, **_UVICORN_LOGGING,
+          timeout_graceful_shutdown=config.shutdown_grace_seconds, loop="asyncio")
     return 0
 
 
@@ -111,9 +110,12 @@ def add_router_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-template", default=None, help="a Jinja chat template file, instead of the model's own")
     parser.add_argument("--shutdown-grace", type=float, default=3.0,
                         help="seconds requests in flight may go on after SIGTERM before they are cut (default 3)")
-    parser.add_argument("--tls-cert-file", default=None,
-                        help="serve HTTPS only with this PEM certificate (chain); needs --tls-key-file")
-    parser.add_argument("--tls-key-file", default=None, help="the PEM private key of --tls-cert-file")
+    add_serving_arguments(parser)
+    parser.add_argument("--internal-ca-file", default=None,
+                        help="speak HTTPS to the nodes, trusting only this PEM CA bundle (reloaded when it changes)")
+    parser.add_argument("--internal-server-name", default=None,
+                        help="the name every node's certificate carries, checked instead of the address dialled "
+                        "(needs --internal-ca-file)")
 
 
 def _selector(text: str | None) -> dict[str, str] | None:
@@ -141,6 +143,7 @@ def router_config_from(args: argparse.Namespace) -> RouterConfig:
         "probe_timeout_seconds": args.probe_timeout,
         "routing_history_seconds": args.routing_history,
         "cluster_token_file": args.cluster_token_file,
+        "internal_tls": _internal_tls(args.internal_ca_file, args.internal_server_name),
         "default_max_tokens": args.default_max_tokens,
         "unsupported_fields": args.unsupported_fields,
         "tool_call_parser": args.tool_call_parser,
@@ -152,37 +155,30 @@ def router_config_from(args: argparse.Namespace) -> RouterConfig:
     return config.model_copy(update={"api_keys": [*config.api_keys, *api_keys_from(args.api_key)]})
 
 
+def _internal_tls(ca_file: str | None, server_name: str | None) -> dict[str, str | None] | None:
+    if ca_file is None and server_name is not None:
+        raise ValueError("--internal-server-name needs --internal-ca-file")
+    return None if ca_file is None else {"ca_file": ca_file, "server_name": server_name}
+
+
 def _serve_router(args: argparse.Namespace) -> int:
-    import uvicorn
     from pydantic import ValidationError
 
     from kvferry.router.app import create_app
+    from kvferry.tls.server import serve
 
     configure_logging(args.log_level, args.log_format)
     try:
         config = router_config_from(args)
-        tls = _tls_files(args.tls_cert_file, args.tls_key_file)
+        tls = ServingFiles.from_flags(args.tls_cert_file, args.tls_key_file)
     except (ValidationError, ValueError, OSError) as exc:
         raise SystemExit(f"kvferry router: bad configuration: {exc}") from None
     configure_tracing("kvferry-router", args.otlp_traces_endpoint)
     # uvloop and httptools: the router relays every token of every stream, and the pure-Python event loop
     # and HTTP writer were most of its CPU time per token (docs/router.md, overhead).
-    uvicorn.run(create_app(config), host=args.host, port=args.port, **_UVICORN_LOGGING, **tls,
-                timeout_graceful_shutdown=args.shutdown_grace, loop="uvloop", http="httptools")
+    serve(create_app(config), tls, host=args.host, port=args.port, **_UVICORN_LOGGING,
+          timeout_graceful_shutdown=args.shutdown_grace, loop="uvloop", http="httptools")
     return 0
-
-
-def _tls_files(cert: str | None, key: str | None) -> dict[str, str]:
-    """uvicorn's TLS arguments: with them the router speaks HTTPS only, and a plain HTTP request on its port
-    gets a failed handshake, never an answer."""
-    if (cert is None) != (key is None):
-        raise ValueError("--tls-cert-file and --tls-key-file go together")
-    if cert is None or key is None:
-        return {}
-    for path in (cert, key):
-        with open(path, "rb"):  # unreadable: said now, naming the file, not as uvicorn's SSL error
-            pass
-    return {"ssl_certfile": cert, "ssl_keyfile": key}
 
 
 def _up(args: argparse.Namespace) -> int:

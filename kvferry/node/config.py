@@ -10,6 +10,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from kvferry.tls.files import ServingFiles, add_serving_arguments
+
 if TYPE_CHECKING:
     from kvferry.cluster_config import ClusterConfig
 
@@ -50,8 +52,12 @@ class NodeConfig:
     # The shared secret every call to the internal API must bear; None: the internal API is open.
     # Kept out of repr, so that a logged config does not print it.
     cluster_token: str | None = field(default=None, repr=False)
+    # HTTPS only, with this certificate and key (reloaded when they change); the published URL is https://.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
 
     def __post_init__(self) -> None:
+        ServingFiles.from_flags(self.tls_cert_file, self.tls_key_file)  # raises now for a pair that is not one
         host = self.advertise_host or self.host
         if "$(" in host:
             raise ValueError(f"advertised host {host!r} was never expanded: the pod lacks the variable it names")
@@ -60,14 +66,18 @@ class NodeConfig:
                              "(the address the router and peers use, e.g. the pod's IP)")
 
     @property
+    def serving_files(self) -> ServingFiles | None:
+        return None if self.tls_cert_file is None or self.tls_key_file is None else ServingFiles(self.tls_cert_file, self.tls_key_file)
+
+    @property
     def url(self) -> str:
-        return node_url(self.advertise_host or self.host, self.port)
+        return node_url(self.advertise_host or self.host, self.port, "http" if self.serving_files is None else "https")
 
 
-def node_url(host: str, port: int) -> str:
+def node_url(host: str, port: int, scheme: str) -> str:
     """The URL a node publishes in its registry record. The router's Kubernetes discovery builds the same
     from a pod's IP, and the router joins the two by URL: one function, so they cannot differ."""
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
 
 def _is_unspecified(host: str) -> bool:
@@ -120,6 +130,7 @@ def add_node_arguments(parser: argparse.ArgumentParser, role: str) -> None:
         help="file holding the token the internal API requires (a mounted Secret); default: env "
         "KVFERRY_CLUSTER_TOKEN; neither: the internal API is open",
     )
+    add_serving_arguments(parser)
 
 
 def _from_cluster_config(cluster: ClusterConfig) -> dict[str, Any]:

@@ -43,9 +43,11 @@ def label_selector(labels: dict[str, str]) -> str:
 
 class KubernetesDiscovery:
     def __init__(
-        self, api: Any, namespace: str, selectors: dict[Role, dict[str, str]], port: int, watch_seconds: int = WATCH_SECONDS
+        self, api: Any, namespace: str, selectors: dict[Role, dict[str, str]], port: int, watch_seconds: int = WATCH_SECONDS,
+        scheme: str = "http",
     ) -> None:
-        self.api, self.namespace, self.selectors, self.port = api, namespace, selectors, port
+        """`scheme`: how the router speaks to the nodes (https with internal TLS), in the URLs built from pod IPs."""
+        self.api, self.namespace, self.selectors, self.port, self.scheme = api, namespace, selectors, port, scheme
         self.watch_seconds = watch_seconds
         self._pods: dict[Role, dict[str, str]] = {role: {} for role in selectors}  # role -> pod name -> URL
         self._lock = threading.Lock()
@@ -53,7 +55,7 @@ class KubernetesDiscovery:
         self._threads: list[threading.Thread] = []
 
     @classmethod
-    def from_config(cls, settings: DiscoverySection) -> KubernetesDiscovery:
+    def from_config(cls, settings: DiscoverySection, scheme: str) -> KubernetesDiscovery:
         from kubernetes import client, config
 
         if settings.kubeconfig:
@@ -65,7 +67,7 @@ class KubernetesDiscovery:
             SERVICE_ACCOUNT_NAMESPACE.read_text().strip() if SERVICE_ACCOUNT_NAMESPACE.is_file() else "default"
         )
         selectors = settings.selectors or {role: {ROLE_LABEL: role} for role in ("prefill", "decode")}
-        return cls(client.CoreV1Api(api_client), namespace, dict(selectors), settings.port)
+        return cls(client.CoreV1Api(api_client), namespace, dict(selectors), settings.port, scheme=scheme)
 
     def endpoints(self) -> list[Endpoint]:
         with self._lock:
@@ -81,7 +83,7 @@ class KubernetesDiscovery:
         self._stopping.set()
 
     def _url(self, pod: Any) -> str | None:
-        return node_url(pod.status.pod_ip, self.port) if pod_is_serving(pod) else None
+        return node_url(pod.status.pod_ip, self.port, self.scheme) if pod_is_serving(pod) else None
 
     def _apply(self, role: Role, pod: Any, deleted: bool) -> None:
         url = None if deleted else self._url(pod)

@@ -36,16 +36,19 @@ class StaticDiscovery:
 
 
 class RegistryDiscovery:
-    """Every node that publishes a live record with a role and a URL (the view refreshes itself)."""
+    """Every node that publishes a live record with a role and a URL of the router's scheme (the view
+    refreshes itself). With internal TLS, a record of a plain HTTP node is not the cluster's node: the cluster
+    token is never sent to it in the clear."""
 
-    def __init__(self, view: RegistryView) -> None:
-        self.view = view
+    def __init__(self, view: RegistryView, scheme: str = "http") -> None:
+        self.view, self.prefix = view, f"{scheme}://"
 
     def endpoints(self) -> list[Endpoint]:
         return [
-            Endpoint(normalize_url(str(record["url"])), record["role"])
+            Endpoint(normalize_url(url), record["role"])
             for _, record in self.view.records()
             if record.get("role") in ("prefill", "decode") and not self.view.is_stale(record)
+            and (url := str(record["url"])).startswith(self.prefix)
         ]
 
     def start(self) -> None:

@@ -9,6 +9,7 @@ connections per host in a queue and parses HTTP in C (docs/router.md, overhead).
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -25,9 +26,12 @@ StreamErrors = aiohttp.ClientError  # what a failed call or a broken stream rais
 
 
 class NodeStreams:
-    def __init__(self, headers: Mapping[str, str]) -> None:
-        """`headers`: sent on every call (the cluster token)."""
+    def __init__(self, headers: Mapping[str, str], tls: ssl.SSLContext | None = None,
+                 server_name: str | None = None) -> None:
+        """`headers`: sent on every call (the cluster token). `tls`: the context that trusts the nodes over
+        HTTPS, `server_name` the name their certificates carry (kvferry/tls/client.py)."""
         self.headers = dict(headers)
+        self.tls, self.server_name = tls, server_name
         self._session: aiohttp.ClientSession | None = None
 
     def post(self, url: str, body: dict[str, Any], headers: Mapping[str, str]) -> Any:  # `async with` a ClientResponse
@@ -35,9 +39,11 @@ class NodeStreams:
         if self._session is None:  # made on first use: a session belongs to the running event loop
             self._session = aiohttp.ClientSession(
                 headers=self.headers, timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_SECONDS),
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS),
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS,
+                                               ssl=self.tls if self.tls is not None else True),
             )
-        return self._session.post(url, data=orjson.dumps(body), headers={**JSON_HEADERS, **request_id_headers(), **headers})
+        return self._session.post(url, data=orjson.dumps(body), headers={**JSON_HEADERS, **request_id_headers(), **headers},
+                                  server_hostname=self.server_name)
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -56,8 +56,10 @@ class Pki:
         )  # fmt: skip
         return cert, key
 
-    def serving(self, name: str) -> tuple[Path, Path]:
-        sans = "IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+    def serving(self, name: str, sans: str = "") -> tuple[Path, Path]:
+        """A certificate for 127.0.0.1 and the control plane's names, and `sans` (openssl's form, e.g. DNS:a,IP:b)."""
+        sans = ",".join(filter(None, ["IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,"
+                                      "DNS:kubernetes.default.svc", sans]))
         return self._issue(name, name, sans=sans)
 
     def client(self, name: str, user: str, group: str = "") -> tuple[Path, Path]:

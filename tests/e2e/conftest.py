@@ -19,10 +19,13 @@ from e2e.kube_cluster import (
     REPO,
     TEST_LEASE_DURATION_S,
     TEST_RESYNC_S,
+    TEST_SIGNING_SEED,
     Cluster,
     OperatorProcess,
 )
 from support.disaggregated_cluster import LEAKS
+
+from kvferry.operator.internal_tls import SEED_ENV
 
 
 def _crd_established(kube: ControlPlane) -> bool:
@@ -72,6 +75,7 @@ def start_operator(cluster: Cluster, tmp_path: Path) -> Iterator[Callable[..., O
             *extra,
         ]  # fmt: skip
         env = {key: value for key, value in os.environ.items() if key not in ("POD_NAME", "POD_NAMESPACE")}
+        env[SEED_ENV] = TEST_SIGNING_SEED.decode()  # as the chart gives one (templates/signing-seed.yaml)
         process = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
         operator = OperatorProcess(process, log_path, identity, log)
         started.append(operator)

@@ -23,6 +23,7 @@ CRD = "inferenceclusters.kvferry.dev"
 # Short enough that tests see leader changes and resyncs within seconds.
 TEST_LEASE_DURATION_S = 4.0
 TEST_RESYNC_S = 5.0
+TEST_SIGNING_SEED = b"kvferry-e2e-signing-seed-0123456789abcdef"  # the operators' (internal TLS certificates)
 # `python -m kvferry` loads the node commands and with them torch: seconds on an idle machine, more than
 # a minute on a loaded one. Tests wait for the start first, so their other deadlines time the operator.
 OPERATOR_START_S = 180.0

@@ -134,8 +134,15 @@ def test_install_upgrade_uninstall(cluster: Cluster) -> None:
     assert redis["env"][0]["valueFrom"]["secretKeyRef"] == {"name": f"{fullname}-redis", "key": "password"}
     password = cluster.get("secret", f"{fullname}-redis")["data"]["password"]
     assert len(base64.b64decode(password)) == 32
+    # The operator's signing seed (internal TLS certificates), from a Secret the chart made.
+    [seed_env] = [var for var in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+                  if var["name"] == "KVFERRY_SIGNING_SEED"]
+    assert seed_env["valueFrom"]["secretKeyRef"] == {"name": f"{fullname}-signing-seed", "key": "seed"}
+    seed = cluster.get("secret", f"{fullname}-signing-seed")["data"]["seed"]
+    assert len(base64.b64decode(seed)) == 48
     cluster.kube.helm("upgrade", release, str(CHART), ns, "--reuse-values", "--wait", "--timeout=120s")
     assert cluster.get("secret", f"{fullname}-redis")["data"]["password"] == password  # kept, not made again
+    assert cluster.get("secret", f"{fullname}-signing-seed")["data"]["seed"] == seed  # every cluster's CA kept
 
     cluster.kube.helm("uninstall", release, ns, "--wait", "--timeout=120s")
     cluster.wait("release objects removed", lambda: release_objects(cluster) == [], 60)
@@ -175,7 +182,9 @@ def test_chart_rbac_is_enough_and_no_more(cluster: Cluster, start_operator, tmp_
                            ("list", "pods")):
         assert not can(verb, resource, "--namespace=kube-system"), f"the operator may {verb} {resource} elsewhere"
         assert not can(verb, resource, "--all-namespaces"), f"the operator may {verb} {resource} everywhere"
-    assert can("create", "secrets")  # each cluster's own token and Redis password, which it never reads
+    # Each cluster's own token and Redis password, and its internal TLS Secret, rewritten at each rotation
+    # from the signing seed: none of them read back (get is refused above).
+    assert can("create", "secrets") and can("patch", "secrets")
 
     # Run the operator with the chart's ServiceAccount token instead of the admin certificate.
     token = cluster.kubectl("create", "token", fullname, "--duration=1h").stdout.strip()

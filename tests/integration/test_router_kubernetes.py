@@ -70,7 +70,7 @@ def test_pods_of_the_cluster_are_discovered_watched_and_dropped(kube, kube_names
         mode="kubernetes", namespace=kube_namespace, port=PORT, kubeconfig=kube.kubeconfig,
         selectors={role: {"kvferry.dev/cluster": "c1", "kvferry.dev/role": role} for role in ("prefill", "decode")},
     )
-    discovery = KubernetesDiscovery.from_config(settings)
+    discovery = KubernetesDiscovery.from_config(settings, "http")
     discovery.start()
     try:
         pods = [pod("c1-prefill-a", "c1", "prefill"), pod("c1-decode-a", "c1", "decode"), pod("c2-prefill-a", "c2", "prefill")]

@@ -69,12 +69,14 @@ class DisaggregatedCluster:
         use_redis: bool = True,
         redis_down_at_start: bool = False,
         cluster_token: str | None = None,
+        node_scheme: str = "http",
     ) -> None:
         """`launchers` replaces `-m kvferry` for the named processes (a fault-injecting wrapper); `role_flags`
         adds flags to every node of a role; without Redis the nodes share a registry folder and the
         router routes without the prefix index; `redis_down_at_start` starts everything while the Redis
         they are given is down (`restart_redis` brings it up on its port); `cluster_token` goes to every
-        process, as `kvferry up` does."""
+        process, as `kvferry up` does. `node_scheme` https: nodes that `role_flags` give certificates (this
+        process must then trust their CA, e.g. by SSL_CERT_FILE, to see them ready)."""
         self.local = LocalCluster(cluster_token)
         self.redis = RedisServer(self.local.workdir, log=self.local.workdir / "redis.log") if use_redis else None
         if self.redis is not None and redis_down_at_start:
@@ -86,7 +88,7 @@ class DisaggregatedCluster:
         for role, count in (("prefill", num_prefill), ("decode", num_decode)):
             for index in range(count):
                 name, port = f"{role}-{index}", free_port()
-                self.urls[name] = f"http://127.0.0.1:{port}"
+                self.urls[name] = f"{node_scheme}://127.0.0.1:{port}"
                 launcher = [sys.executable, *launchers[name]] if name in launchers else python
                 self.local.spawn(name, [
                     *launcher, role, "--model", str(model_dir), "--name", name, "--registry", self.registry,

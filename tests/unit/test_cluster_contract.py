@@ -6,20 +6,24 @@ IP that the router's discovery builds too, one served-model name (the prefix-ind
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import pytest
 import yaml
+from cryptography import x509
 
 from kvferry.cli import build_parser, main
 from kvferry.cli.serve import router_config_from
 from kvferry.node.config import NodeConfig, node_config_from, node_url
 from kvferry.node.runtime import engine_args_from
 from kvferry.operator.children import build_children
+from kvferry.operator.internal_tls import build_internal_tls_secrets
 from kvferry.operator.naming import ClusterRef
 from kvferry.operator.validation import parse_spec
 from kvferry.router.config import RouterConfig
@@ -27,6 +31,7 @@ from kvferry.router.config import RouterConfig
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = yaml.safe_load((REPO / "examples" / "inferencecluster.yaml").read_text())
 REF = ClusterRef(name=EXAMPLE["metadata"]["name"], namespace="serving", uid="0000-1111")
+CREATED = datetime(2026, 1, 1, tzinfo=UTC)
 # Variables the entry points read from the environment: the test's own must not leak into the pods'.
 ENTRY_POINT_ENV = ("KVFERRY_CLUSTER_TOKEN", "KVFERRY_API_KEY", "KVFERRY_API_KEYS", "POD_NAME", "POD_IP")
 
@@ -42,19 +47,20 @@ def gpu_variant() -> dict[str, Any]:
     }
 
 
-SPECS = {"example": EXAMPLE["spec"], "two-replicas-gpu": gpu_variant()}
+SPECS = {"example": EXAMPLE["spec"], "two-replicas-gpu": gpu_variant(),
+         "internal-tls": {**EXAMPLE["spec"], "internalTls": {"mode": "selfSigned"}}}
 
 
 class FakePod:
     """One replica of a Deployment as the kubelet starts it: name, IP, env and mounted files."""
 
-    def __init__(self, deployment: dict[str, Any], index: int, ip: str, config_maps: dict[str, dict], root: Path):
+    def __init__(self, deployment: dict[str, Any], index: int, ip: str, objects: dict[str, dict], root: Path):
         self.template = deployment["spec"]["template"]
         self.name = f"{deployment['metadata']['name']}-6c9d8f7b5-{index:05d}"
         self.ip = ip
         [self.container] = self.template["spec"]["containers"]
         self.env = {var["name"]: self._value(var) for var in self.container["env"]}
-        self.mounts = self._mount_config_maps(config_maps, root / self.name)
+        self.mounts = self._mount_volumes(objects, root / self.name)
 
     def _value(self, var: dict[str, Any]) -> str:
         if "value" in var:
@@ -67,17 +73,27 @@ class FakePod:
         secret = source["secretKeyRef"]
         return f"secret:{secret['name']}/{secret['key']}"
 
-    def _mount_config_maps(self, config_maps: dict[str, dict], root: Path) -> dict[str, Path]:
+    def _mount_volumes(self, objects: dict[str, dict], root: Path) -> dict[str, Path]:
+        """ConfigMaps and Secrets (`objects`, by name) with their files; a Secret the operator does not write
+        (the user's) with a placeholder in each file its items name."""
         volumes = {volume["name"]: volume for volume in self.template["spec"]["volumes"]}
         mounts = {}
         for mount in self.container["volumeMounts"]:
             volume = volumes[mount["name"]]
             if "configMap" in volume:
-                folder = root / mount["mountPath"].lstrip("/")
-                folder.mkdir(parents=True)
-                for file_name, text in config_maps[volume["configMap"]["name"]]["data"].items():
-                    (folder / file_name).write_text(text)
-                mounts[mount["mountPath"]] = folder
+                files = {name: text.encode() for name, text in objects[volume["configMap"]["name"]]["data"].items()}
+            elif "secret" in volume:
+                name = volume["secret"]["secretName"]
+                data = objects.get(name, {}).get("data", {})
+                files = {item["path"]: base64.b64decode(data[item["key"]]) if item["key"] in data
+                         else f"secret:{name}/{item['key']}".encode() for item in volume["secret"].get("items", [])}
+            else:
+                continue
+            folder = root / mount["mountPath"].lstrip("/")
+            folder.mkdir(parents=True)
+            for file_name, content in files.items():
+                (folder / file_name).write_bytes(content)
+            mounts[mount["mountPath"]] = folder
         return mounts
 
     def argv(self) -> list[str]:
@@ -113,15 +129,18 @@ def start(pod: FakePod, monkeypatch: pytest.MonkeyPatch) -> NodeConfig | RouterC
 
 
 def started_pods(spec: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[tuple]]:
-    children = build_children(REF, parse_spec(spec), {})
-    config_maps = {c["metadata"]["name"]: c for c in children if c["kind"] == "ConfigMap"}
+    parsed = parse_spec(spec)
+    # What a reconcile writes besides the children: the internal TLS Secret, from a seed as the chart's.
+    secrets = build_internal_tls_secrets(REF, parsed, b"contract-test-signing-seed-0123456789", CREATED, CREATED)
+    children = build_children(REF, parsed, {})
+    objects = {c["metadata"]["name"]: c for c in [*children, *secrets] if c["kind"] in ("ConfigMap", "Secret")}
     pods: dict[str, list[tuple]] = {}
     for subnet, deployment in enumerate(c for c in children if c["kind"] == "Deployment"):
         role = deployment["metadata"]["labels"]["kvferry.dev/role"]
         if role == "redis":
             continue
         for index in range(deployment["spec"]["replicas"]):
-            pod = FakePod(deployment, index, f"10.244.{subnet}.{index + 10}", config_maps, tmp_path)
+            pod = FakePod(deployment, index, f"10.244.{subnet}.{index + 10}", objects, tmp_path)
             pods.setdefault(role, []).append((pod, start(pod, monkeypatch)))
     return pods
 
@@ -143,8 +162,18 @@ def test_the_operators_pods_start_and_agree(variant: str, tmp_path: Path, monkey
     # Its published URL is its pod IP's, exactly as the router's discovery builds it from the pod.
     discovery = router.discovery
     assert discovery.mode == "kubernetes" and discovery.namespace == REF.namespace
+    scheme = "https" if "internalTls" in spec else "http"
+    assert router.node_scheme == scheme
+    if router.internal_tls is not None:  # the name the router checks is the nodes' certificate's, from its CA
+        ca = x509.load_pem_x509_certificate(Path(router.internal_tls.ca_file).read_bytes())
+        for _, config in nodes:
+            assert config.tls_cert_file is not None
+            cert = x509.load_pem_x509_certificate(Path(config.tls_cert_file).read_bytes())
+            cert.verify_directly_issued_by(ca)
+            names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            assert router.internal_tls.server_name in names.get_values_for_type(x509.DNSName)
     for pod, config in nodes:
-        assert config.url == node_url(pod.ip, discovery.port) == f"http://{pod.ip}:{discovery.port}"
+        assert config.url == node_url(pod.ip, discovery.port, router.node_scheme) == f"{scheme}://{pod.ip}:{discovery.port}"
         assert {"name": "http", "containerPort": config.port, "protocol": "TCP"} in pod.container["ports"]
         labels = pod.template["metadata"]["labels"]
         assert discovery.selectors[config.role].items() <= labels.items()  # the router watches this pod

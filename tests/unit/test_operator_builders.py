@@ -431,3 +431,23 @@ def test_a_router_tls_secret_serves_https_with_probes_and_hook_to_match() -> Non
     for role in ("prefill", "decode"):  # the nodes keep plain HTTP (the router is the only client)
         node = container(deployments[f"demo-{role}"])
         assert "--tls-cert-file" not in node["args"] and "scheme" not in node["readinessProbe"]["httpGet"]
+
+
+@pytest.mark.parametrize("internal_tls, secret", [({"mode": "selfSigned"}, "demo-internal-tls"),
+                                                  ({"mode": "secret", "secretName": "nodes-cert"}, "nodes-cert")])
+def test_internal_tls_gives_the_nodes_their_key_pair_and_the_router_the_ca_alone(internal_tls, secret) -> None:
+    s = spec(internalTls=internal_tls)
+    deployments = {c["metadata"]["name"]: c for c in build_children(REF, s, {}) if c["kind"] == "Deployment"}
+    mount = {"name": "internal-tls", "mountPath": "/etc/kvferry/internal-tls", "readOnly": True}
+    for role, keys in (("prefill", ["tls.crt", "tls.key"]), ("decode", ["tls.crt", "tls.key"]), ("router", ["ca.crt"])):
+        pod = deployments[f"demo-{role}"]["spec"]["template"]["spec"]
+        c = container(deployments[f"demo-{role}"])
+        items = [{"key": key, "path": key} for key in keys]
+        assert {"name": "internal-tls", "secret": {"secretName": secret, "items": items}} in pod["volumes"]
+        assert mount in c["volumeMounts"]
+        scheme = c["readinessProbe"]["httpGet"].get("scheme", "HTTP")
+        assert scheme == ("HTTP" if role == "router" else "HTTPS"), role  # the router's own port: tlsSecret's
+    assert container(deployments["demo-decode"])["args"][-4:] == [
+        "--tls-cert-file", "/etc/kvferry/internal-tls/tls.crt", "--tls-key-file", "/etc/kvferry/internal-tls/tls.key"]
+    assert container(deployments["demo-router"])["args"][-4:] == [
+        "--internal-ca-file", "/etc/kvferry/internal-tls/ca.crt", "--internal-server-name", "demo-nodes.serving.svc"]

@@ -6,6 +6,8 @@ import argparse
 import subprocess
 import sys
 
+import pytest
+
 from kvferry.cli import COMMAND_MODULES
 from kvferry.operator.command import register
 
@@ -45,3 +47,11 @@ def test_cli_does_not_import_kopf() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_signing_seed_too_short_to_derive_keys_from_stops_the_operator_at_start(monkeypatch) -> None:
+    from kvferry.cli import main
+
+    monkeypatch.setenv("KVFERRY_SIGNING_SEED", "short")
+    with pytest.raises(SystemExit, match="KVFERRY_SIGNING_SEED must hold at least 32 bytes"):
+        main(["operator", "--standalone"])

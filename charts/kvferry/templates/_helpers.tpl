@@ -80,7 +80,7 @@ Everything the operator does to InferenceClusters and their children, and nothin
   verbs: [get, list, create, patch, delete]
 - apiGroups: [""]
   resources: [secrets]
-  verbs: [create]
+  verbs: [create, patch]
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
