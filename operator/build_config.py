@@ -27,7 +27,8 @@ NODE_PORT = 8000  # container port of every prefill, decode and router pod
 def build_cluster_config(ref: ClusterRef, spec: InferenceClusterSpec) -> ClusterConfig:
     """What pods serve, how they lay out and move KV, and how they find each other."""
     return ClusterConfig.model_validate({
-        "model": {"path": parse_model_source(spec.model.source).path, "served_name": spec.model.served_name},
+        "model": {"path": parse_model_source(spec.model.source).path, "served_name": spec.model.served_name,
+                  "quantization": spec.model.quantization},
         "kv_cache": spec.kv_cache.model_dump(),
         "transfer": spec.transfer.model_dump(),
         "redis": {"url": redis_url(ref, spec)},

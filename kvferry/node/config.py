@@ -136,7 +136,8 @@ def add_node_arguments(parser: argparse.ArgumentParser, role: str) -> None:
 def _from_cluster_config(cluster: ClusterConfig) -> dict[str, Any]:
     """What a node takes from the contract (kvferry/cluster_config.py lists who reads which field)."""
     model, kv, transfer = cluster.model, cluster.kv_cache, cluster.transfer
-    settings: dict[str, Any] = {"model": model.path, "served_model_name": model.served_name}
+    settings: dict[str, Any] = {"model": model.path, "served_model_name": model.served_name,
+                                "quantization": model.quantization}
     settings |= {"block_size": kv.block_size, "gpu_memory_fraction": kv.memory_fraction, "dtype": kv.dtype}
     settings |= {"transfer_protocol": transfer.protocol, "ucx_transports": transfer.ucx_transports}
     if cluster.redis.url is not None:

@@ -40,6 +40,7 @@ def gpu_variant() -> dict[str, Any]:
     gpu = {"requests": {"cpu": "2", "memory": "16Gi", "nvidia.com/gpu": 1}, "limits": {"memory": "32Gi"}}
     return {
         **EXAMPLE["spec"],
+        "model": {**EXAMPLE["spec"]["model"], "quantization": "fp8"},
         "prefill": {"replicas": 2, "resources": gpu},
         "decode": {"replicas": 2, "resources": gpu},
         "clusterTokenSecret": {"name": "internal"},
@@ -195,6 +196,7 @@ def test_the_operators_pods_start_and_agree(variant: str, tmp_path: Path, monkey
         engine = engine_args_from(config)
         assert (engine.block_size, engine.gpu_memory_fraction, engine.dtype) == (
             kv["blockSize"], kv["memoryFraction"], kv["dtype"])
+        assert engine.quantization == spec["model"].get("quantization")
         assert config.ucx_transports == tuple(spec["transfer"]["ucxTransports"])
 
 

@@ -210,7 +210,7 @@ def test_config_map_carries_the_cluster_configuration() -> None:
     assert config_map["metadata"]["name"] == "demo-config"
     document = json.loads(config_map["data"]["cluster.json"])
     assert sorted(document) == ["discovery", "kvCache", "model", "redis", "transfer"]
-    assert document["model"] == {"path": "/models/tiny", "servedName": "tiny"}
+    assert document["model"] == {"path": "/models/tiny", "servedName": "tiny", "quantization": None}
     assert document["kvCache"] == {"blockSize": 32, "memoryFraction": 0.9, "dtype": "auto"}
     assert document["transfer"] == {"protocol": "ucx", "ucxTransports": []}
     assert document["redis"] == {"url": "redis://demo-redis.serving.svc:6379/0"}
@@ -233,6 +233,7 @@ def test_config_map_carries_the_cluster_configuration() -> None:
         ({"redis": {"managed": True}}, True),
         ({"prefill": {"replicas": 5}}, False),
         ({"image": "other:tag"}, False),  # the image is in the template itself
+        ({"model": {"source": "pvc://weights/tiny", "servedName": "tiny", "quantization": "fp8"}}, True),
     ],
 )
 def test_config_hash_follows_the_configuration(change: dict[str, Any], rolls: bool) -> None:
