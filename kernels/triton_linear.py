@@ -28,7 +28,7 @@ class GemvTiling:
 
 
 # FP8 rows are half the bytes: a tile twice as wide reads as many bytes per load as the bf16 one.
-FP8_TILING = GemvTiling(max_block_k=2 * MAX_BLOCK_K)
+FP8_TILING = GemvTiling()
 
 
 @triton.jit
