@@ -37,8 +37,9 @@ lock: $(UV)
 venv: $(STAMP)
 
 # Debian's packages that the tests run: Redis, and for the pods tier the container runtime, the CNI plugins,
-# and podman with mmdebstrap to build the image. Installed only when one is missing.
-DEBIAN_PACKAGES := redis-server containerd runc containernetworking-plugins podman mmdebstrap
+# nft (the NetworkPolicy agent's table), patch (its build) and podman with mmdebstrap to build the image.
+# Installed only when one is missing.
+DEBIAN_PACKAGES := redis-server containerd runc containernetworking-plugins nftables patch podman mmdebstrap
 system-packages:
 	@missing="$$(for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done)"; \
 	  [ -z "$$missing" ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; }
@@ -62,7 +63,8 @@ lint: venv
 	$(BIN)/ruff check .
 
 # The Kubernetes path on this one machine with real pods (tests/pods/, docs/kubernetes.md): containerd,
-# runc and the CNI plugins from Debian, kubelet, kube-proxy and CoreDNS built from their Go modules.
+# runc and the CNI plugins from Debian, kubelet, kube-proxy, CoreDNS and kube-network-policies built from their
+# Go modules.
 K8S_DIR ?= $(CACHE)/k8s
 pods-binaries: system-packages
 	bash tests/pods/build.sh

@@ -17,13 +17,14 @@ start_building() {
 
 # `go build` writes into a temporary name that is renamed at the end, so an interrupted build never
 # leaves a binary behind that the next run would take as done.
-go_build() {  # tool, module folder, version, package, ldflags
+go_build() {  # tool, module folder (under gomods, or absolute), version, package, ldflags
     local tool="$1" module="$2" version="$3" package="$4" ldflags="$5"
+    [[ "$module" == /* ]] || module="$gomods/$module"
     [[ -x "$bin_dir/$tool" ]] && return 0
     local start=$SECONDS
     echo "building $tool $version ..."
     (
-        cd "$gomods/$module"
+        cd "$module"
         # nice: the machine has two cores and other work (tests, editors) must keep going.
         CGO_ENABLED=0 GOFLAGS=-trimpath nice -n 10 \
             go build -p 2 -ldflags "-s -w $ldflags" -o "$bin_dir/.$tool.partial" "$package"

@@ -73,12 +73,16 @@ def test_rendered_manifests_pass_a_server_side_dry_run(cluster: Cluster, values:
     assert documents, "nothing rendered"
     done = cluster.kubectl("apply", "--dry-run=server", "--validate=strict", "-f", "-", input=rendered)
     assert len(done.stdout.splitlines()) == len(documents)
-    if "networkPolicy.enabled=true" in values:
+    if "networkPolicy.enabled=false" not in values:  # on by default
         policies = {doc["metadata"]["name"].rsplit("-", 1)[-1]: doc["spec"] for doc in documents if doc["kind"] == "NetworkPolicy"}
-        assert sorted(policies) == ["kvferry", "nodes", "redis"]
+        shared_redis = ["redis"] if "redis.enabled=true" in values else []
+        assert sorted(policies) == sorted(["kvferry", "nodes", "router", *shared_redis])
         nodes = policies["nodes"]
-        assert {"key": "app.kubernetes.io/component", "operator": "In", "values": ["prefill", "decode"]} in nodes["podSelector"]["matchExpressions"]
-        assert nodes["ingress"] == [{"from": [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "kvferry"}}}]}]
+        assert {"key": "app.kubernetes.io/component", "operator": "In", "values": ["prefill", "decode", "redis"]} in nodes["podSelector"]["matchExpressions"]
+        [admitted] = nodes["ingress"]
+        assert admitted["from"][0] == {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "kvferry"}}}
+        assert admitted["from"][1]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "operator"
+        assert policies["router"]["ingress"] == [{}]  # from anywhere
     for doc in documents:
         if doc["kind"] == "Deployment":
             pod = doc["spec"]["template"]["spec"]
@@ -109,6 +113,10 @@ def test_install_upgrade_uninstall(cluster: Cluster) -> None:
             f"role.rbac.authorization.k8s.io/{fullname}-leader-election",
             f"rolebinding.rbac.authorization.k8s.io/{fullname}-leader-election",
             f"serviceaccount/{fullname}",
+            # NetworkPolicy is on by default: the operator, the nodes and Redis, the router.
+            f"networkpolicy.networking.k8s.io/{fullname}",
+            f"networkpolicy.networking.k8s.io/{fullname}-nodes",
+            f"networkpolicy.networking.k8s.io/{fullname}-router",
         ]
     )
     deployment = cluster.get("deployment", fullname)

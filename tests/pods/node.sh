@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A single-node Kubernetes with real pods on this machine (REAL_PODS.md): etcd, kube-apiserver,
-# kube-controller-manager and kube-scheduler (tests/cluster/build.sh), kubelet, kube-proxy and CoreDNS
-# (tests/pods/build.sh), Debian's containerd, runc and CNI plugins. Everything lives in one folder and
+# kube-controller-manager and kube-scheduler (tests/cluster/build.sh), kubelet, kube-proxy, CoreDNS and
+# kube-network-policies (tests/pods/build.sh), Debian's containerd, runc and CNI plugins. Everything lives in one folder and
 # on one bridge the script makes (kvf0, 10.244.0.1/24): the apiserver, the kubelet and CoreDNS bind to the
 # bridge's address, the rest to 127.0.0.1. containerd's image store stays in the kvferry cache
 # ($KVFERRY_CACHE/pods-images), so an image is imported once per machine, not once per run; whatever
@@ -9,8 +9,8 @@
 #
 #   bash tests/pods/node.sh up DIR      start it; DIR/admin.kubeconfig reaches it
 #   bash tests/pods/node.sh import DIR REF...   import podman images into its containerd
-#   bash tests/pods/node.sh down DIR    stop it and remove every process, mount, interface, iptables rule
-#                                       and cgroup it made, then DIR
+#   bash tests/pods/node.sh down DIR    stop it and remove every process, mount, interface, iptables rule,
+#                                       nftables table and cgroup it made, then DIR
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -240,6 +240,47 @@ EOF
         "kubectl --kubeconfig='$dir/admin.kubeconfig' get node '$NODE_NAME' -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
 }
 
+# NetworkPolicy: the bridge CNI enforces none, so kube-network-policies (the Kubernetes SIG's agent) runs
+# beside it as a host process. It queues each new connection to or from a pod that a policy selects
+# (nftables, then nfqueue) and decides it in user space; traffic root makes on the node (the kubelet's probes,
+# the tests' own calls) passes untouched. It knows only the in-cluster configuration (the apiserver from
+# KUBERNETES_SERVICE_HOST/PORT, a ServiceAccount token and the CA from
+# /var/run/secrets/kubernetes.io/serviceaccount/), so it runs in a mount namespace of its own, where a
+# tmpfs over /run holds those files and the host's /run is left as it was.
+NETPOL_TABLE=kube-network-policies
+network_policies() {
+    kubectl --kubeconfig="$dir/admin.kubeconfig" apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: kube-network-policies, namespace: kube-system}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: kube-network-policies}
+rules:
+  - {apiGroups: [""], resources: [pods, namespaces, nodes], verbs: [list, watch]}
+  - {apiGroups: [networking.k8s.io], resources: [networkpolicies], verbs: [list, watch]}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: kube-network-policies}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: kube-network-policies}
+subjects: [{kind: ServiceAccount, name: kube-network-policies, namespace: kube-system}]
+EOF
+    local account="$dir/netpol-account"
+    mkdir -p "$account"
+    cp "$dir/pki/ca.crt" "$account/ca.crt"
+    kubectl --kubeconfig="$dir/admin.kubeconfig" --namespace=kube-system create token kube-network-policies \
+        --duration=24h >"$account/token"
+    local secrets=/run/secrets/kubernetes.io/serviceaccount
+    KUBERNETES_SERVICE_HOST="$NODE_IP" KUBERNETES_SERVICE_PORT="$APISERVER_PORT" \
+        start kube-network-policies unshare --mount sh -c \
+        "mount -t tmpfs -o mode=0755 kvferry-netpol /run && mkdir -p $secrets && cp '$account'/* $secrets/ &&
+         exec '$pods_bin/kube-network-policies' --hostname-override=$NODE_NAME --disable-nri \
+             --metrics-bind-address=127.0.0.1:$(free_port)"
+    wait_for kube-network-policies 60 nft list table inet "$NETPOL_TABLE"
+}
+
 alive() {  # every process started is still running, or its log says why not
     local pid name
     while read -r pid name; do
@@ -273,7 +314,7 @@ firewall_cleanup() {
 down() {
     if [[ -f "$dir/pids" ]]; then
         # kubelet first, so that nothing restarts the containers stopped below.
-        for name in kubelet kube-proxy coredns kube-scheduler kube-controller-manager kube-apiserver etcd; do
+        for name in kubelet kube-proxy coredns kube-network-policies kube-scheduler kube-controller-manager kube-apiserver etcd; do
             awk -v n="$name" '$2 == n { print $1 }' "$dir/pids" | xargs -r kill 2>/dev/null || true
             [[ "$name" == kubelet ]] && sleep 1
         done
@@ -307,6 +348,9 @@ down() {
     done
     "$pods_bin/kube-proxy" --cleanup >/dev/null 2>&1 || true
     firewall_cleanup
+    # kube-network-policies removes its table on SIGINT only; killed, it leaves it (and the table's queue,
+    # with no reader, would drop every packet it holds).
+    nft delete table inet "$NETPOL_TABLE" 2>/dev/null || true
     local port
     for port in $(ip -o link show master "$BRIDGE" 2>/dev/null | awk -F': ' '{ split($2, a, "@"); print a[1] }'); do
         ip link delete "$port" 2>/dev/null || true
@@ -334,6 +378,7 @@ case "$command" in
         runtime
         pause_image
         node
+        network_policies
         alive
         echo "node $NODE_NAME Ready; KUBECONFIG=$dir/admin.kubeconfig"
         ;;

@@ -52,9 +52,11 @@ def missing_prerequisites() -> list[str]:
     for tool in ("containerd", "runc", "ctr", "podman"):
         if shutil.which(tool) is None:
             missing.append(f"{tool} (make system-packages)")
+    if shutil.which("nft") is None:
+        missing.append("nft (make system-packages)")
     if not Path("/usr/lib/cni/bridge").exists():
         missing.append("the CNI plugins (make system-packages)")
-    for binary in ("kubelet", "kube-proxy", "coredns"):
+    for binary in ("kubelet", "kube-proxy", "coredns", "kube-network-policies"):
         if not os.access(pods_bin_dir() / binary, os.X_OK):
             missing.append(f"{binary} (make pods-binaries)")
     if shutil.which("podman") and subprocess.run(["podman", "image", "exists", kvferry_image()],
@@ -92,15 +94,17 @@ class PodsNode(KubeTools):
         return pids[0]
 
     def leftovers(self) -> list[str]:
-        """Processes, mounts, network namespaces, interfaces and firewall chains the node left behind."""
+        """Processes, mounts, network namespaces, interfaces, firewall chains and tables the node left behind."""
         found = []
         folder = str(self.workdir)
+        # The NetworkPolicy agent's command line names no file of the folder; its binary is the node's own.
+        agent = str(pods_bin_dir() / "kube-network-policies")
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue  # ended while we looked
-            if folder in cmdline:
+            if folder in cmdline or cmdline.startswith(agent):
                 found.append(f"process {pid}: {cmdline.strip()}")
         found += [f"mount {line.split()[1]}" for line in Path("/proc/mounts").read_text().splitlines() if folder in line]
         netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
@@ -111,6 +115,8 @@ class PodsNode(KubeTools):
             if shutil.which(tool):
                 rules = subprocess.run([tool], capture_output=True, text=True).stdout
                 found += [f"{tool}: chain {name}" for name in re.findall(r"^:((?:KUBE|CNI)-\S+)", rules, re.MULTILINE)]
+        tables = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True).stdout
+        found += [f"nftables {line}" for line in tables.splitlines() if "kube-network-policies" in line]
         if Path(folder).exists():
             found.append(f"folder {folder}")
         return found
