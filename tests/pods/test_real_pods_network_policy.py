@@ -8,10 +8,7 @@ and prints what it got; it is deleted at the end. The tier's cluster is left as 
 
 from __future__ import annotations
 
-import json
-
-from cluster.waiting import wait_until
-from pods.real_node import kvferry_image
+from pods.probe_pod import run_in_pod
 from pods.served_cluster import CLUSTER, NODE_PORT, RELEASE, ServedCluster
 
 # Each address is tried again until it answers or this many seconds pass: long enough for the agent to learn
@@ -36,15 +33,7 @@ print(json.dumps({address: reach(address) for address in sys.argv[2:]}))
 
 def probe_from(served: ServedCluster, name: str, labels: str, addresses: list[str]) -> dict[str, str]:
     """Run PROBE in a pod labelled `labels`; each address's outcome: "connected" or the error's name."""
-    served.kubectl("run", name, f"--image={kvferry_image()}", "--image-pull-policy=Never", "--restart=Never",
-                   f"--labels={labels}", "--command", "--", "python3", "-c", PROBE, str(REACH_S), *addresses)
-    try:
-        wait_until(f"the probe pod {name} finished",
-                   lambda: (served.get("pod", name) or {}).get("status", {}).get("phase") in ("Succeeded", "Failed"),
-                   120 + REACH_S * len(addresses), interval=1)
-        return json.loads(served.kubectl("logs", name).stdout.splitlines()[-1])
-    finally:
-        served.kubectl("delete", "pod", name, "--ignore-not-found", "--wait=true", "--timeout=120s")
+    return run_in_pod(served, name, labels, PROBE, str(REACH_S), *addresses, run_s=REACH_S * len(addresses))
 
 
 def test_only_kvferry_pods_reach_the_nodes_and_redis(served: ServedCluster) -> None:

@@ -1,0 +1,71 @@
+"""The cluster token on the transfer path, on real pods: a pod that the NetworkPolicy lets in (it carries
+kvferry's label) and that knows the Redis password, but not the cluster token, asks the prefill pod's transfer
+engine for a read over UCX. Nothing answers it, nothing lands in its memory, and the prefill pod counts the
+attempt. The same pod with the token is answered (a refusal of the range it made up: it does not know where
+the pool lies), so the test fails as well when the check lets everyone in as when it lets no one. (Named to
+sort before test_real_pods_teardown.py, which takes the tier's cluster down.)"""
+
+from __future__ import annotations
+
+import base64
+import json
+
+from pods.probe_pod import run_in_pod
+from pods.served_cluster import CLUSTER, NODE_PORT, ServedCluster
+
+from kvferry.redis_password import with_password
+
+READ_TIMEOUT_S = 5
+# First the prefill pod's HTTP port, until it answers: the node's NetworkPolicy agent drops connections from a
+# pod address it has not learnt yet, which would look like the silence this test is about.
+READER = """
+import json, os, socket, sys, time
+import torch
+from kvferry.transfer import TransferConfig, TransferEngine
+peer, timeout, peer_http = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+deadline = time.monotonic() + 30
+while True:
+    try:
+        socket.create_connection((peer_http, int(sys.argv[4])), timeout=2).close()
+        break
+    except OSError:
+        if time.monotonic() > deadline:
+            raise
+        time.sleep(0.5)
+engine = TransferEngine(TransferConfig(timeout_seconds=timeout, cluster_token=os.environ.get("TOKEN") or None))
+engine.initialize(os.environ["NAME"], os.environ["REGISTRY"], "ucx")
+memory = torch.full((1 << 16,), 7, dtype=torch.uint8)
+engine.register_memory(memory.data_ptr(), memory.numel())
+try:
+    engine.batch_transfer_read(peer, [memory.data_ptr()], [1 << 20], [memory.numel()])
+    outcome = "read"
+except Exception as error:
+    outcome = type(error).__name__
+print(json.dumps({"outcome": outcome, "untouched": bool((memory == 7).all())}))
+"""
+
+
+def _secret(served: ServedCluster, key: str) -> str:
+    secret = json.loads(served.kubectl("get", "secret", f"{CLUSTER}-internal", "-o", "json").stdout)
+    return base64.b64decode(secret["data"][key]).decode()
+
+
+def test_a_transfer_peer_without_the_cluster_token_gets_no_kv(served: ServedCluster) -> None:
+    [prefill] = served.ready_pods("prefill")
+    config = json.loads(served.get("configmap", f"{CLUSTER}-config")["data"]["cluster.json"])
+    registry = with_password(config["redis"]["url"], _secret(served, "redis-password"))
+    before = served.stats(prefill)["transfer"]["unauthenticated_messages"]
+
+    def read(name: str, token: str) -> dict[str, object]:
+        env = {"NAME": name, "REGISTRY": registry, "TOKEN": token}
+        return run_in_pod(served, name, "app.kubernetes.io/name=kvferry", READER, prefill["metadata"]["name"],
+                          str(READ_TIMEOUT_S), prefill["status"]["podIP"], str(NODE_PORT), env=env, run_s=60)  # fmt: skip
+
+    outsider = read("transfer-outsider", "")
+    assert outsider == {"outcome": "TransferTimeoutError", "untouched": True}, outsider
+    counted = served.stats(prefill)["transfer"]["unauthenticated_messages"]
+    assert counted > before
+
+    member = read("transfer-member", _secret(served, "cluster-token"))
+    assert member == {"outcome": "TransferRejectedError", "untouched": True}, member
+    assert served.stats(prefill)["transfer"]["unauthenticated_messages"] == counted
