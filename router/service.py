@@ -366,6 +366,7 @@ class _TokenClock:
         self.dispatched = arrived  # when the first node call went out: the router's own part of TTFT ends
         self.tokens = 0  # every choice's
         self.first_token_s: float | None = None
+        self.ttft_phases: dict[str, float] | None = None  # the first token's, once it came
         self.last: dict[int, float] = {}
         self.gaps: list[float] = []
         self.finished = False
@@ -387,7 +388,8 @@ class _TokenClock:
         elif not self.last:
             self.first_token_s = now - self.arrived
             self.metrics.ttft.observe(self.first_token_s)
-            self.metrics.observe_ttft_phases(ttft_phases(self.first_token_s, self.dispatched - self.arrived, chunks[0]))
+            self.ttft_phases = ttft_phases(self.first_token_s, self.dispatched - self.arrived, chunks[0])
+            self.metrics.observe_ttft_phases(self.ttft_phases)
         self.last[choice] = now
 
     def done(self) -> None:
@@ -398,7 +400,9 @@ class _TokenClock:
         self.metrics.itl.observe_many(self.gaps)
         self.gaps = []
 
-    def summary(self) -> dict[str, float | int | None]:
-        """For the request's log line: its tokens, time to the first, and time until now (its end)."""
+    def summary(self) -> dict[str, object]:
+        """For the request's log line: its tokens, time to the first and its phases, and time until now (its end)."""
         ttft = None if self.first_token_s is None else round(self.first_token_s, 4)
-        return {"completion_tokens": self.tokens, "ttft_s": ttft, "e2e_s": round(time.perf_counter() - self.arrived, 4)}
+        phases = None if self.ttft_phases is None else {name: round(s, 6) for name, s in self.ttft_phases.items()}
+        return {"completion_tokens": self.tokens, "ttft_s": ttft, "ttft_phases_s": phases,
+                "e2e_s": round(time.perf_counter() - self.arrived, 4)}

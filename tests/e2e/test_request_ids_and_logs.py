@@ -61,6 +61,12 @@ def test_the_clients_request_id_reaches_every_process_and_its_log_lines(json_log
     assert (finished["status"], finished["stream"]) == (200, False)
     assert (finished["prompt_tokens"], finished["completion_tokens"]) == (usage["prompt_tokens"], MAX_TOKENS)
     assert 0 < finished["ttft_s"] <= finished["e2e_s"]
+    # The line carries the request's TTFT phases (router time included), which add up to its TTFT as in the
+    # histograms below; the KV crossed, so the prefill node reported its own.
+    phases = finished["ttft_phases_s"]
+    assert set(phases) == {"router", "prefill_queue", "prefill_compute", "transfer", "first_step", "other"}
+    assert phases["prefill_compute"] > 0 and phases["router"] > 0
+    assert sum(phases.values()) == pytest.approx(finished["ttft_s"], rel=0.02, abs=1e-3)
     [streamed] = [line for line in lines("router", made) if line["logger"] == "kvferry.router.requests"]
     assert (streamed["status"], streamed["stream"], streamed["completion_tokens"]) == (200, True, MAX_TOKENS)
     # Both nodes wrote their line for it, under the client's id.
