@@ -25,7 +25,7 @@ def linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None, use_tr
     if x.shape[0] == 1:
         from kvferry.kernels import triton_linear
 
-        out = triton_linear.gemv(x, weight.data, weight.scale, triton_linear.FP8_TILING)
+        out = triton_linear.gemv(x, weight.data, weight.scale)
     elif x.shape[0] <= SMALL_BATCH:
         from kvferry.kernels import triton_fp8_gemm
 

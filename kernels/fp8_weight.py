@@ -49,8 +49,17 @@ def quantize_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 values and one float32 scale per row, by absmax: each row's largest magnitude maps to FP8's
     largest finite value. For activations before an FP8 GEMM (one pass, and it captures in a CUDA graph)."""
     rows = matrix.to(torch.float32)
-    scale = (rows.abs().amax(dim=1) / FP8_MAX).clamp(min=_SMALLEST_SCALE)
-    return (rows / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+    scale = _scale(rows.abs().amax(dim=1), 1.0)
+    return _to_fp8(rows, scale), scale
+
+
+def _scale(amax: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Each row's scale when `ratio` of its largest magnitude is to map to FP8's largest finite value."""
+    return (amax * ratio / FP8_MAX).clamp(min=_SMALLEST_SCALE)
+
+
+def _to_fp8(rows: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (rows / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
 # Shares of a row's largest magnitude tried as the value FP8's largest maps to. Clipping a few outliers
@@ -72,8 +81,8 @@ def quantize_fp8(weight: torch.Tensor) -> Fp8Weight:
 
 
 def _clipped(rows: torch.Tensor, amax: torch.Tensor, ratio: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    scale = (amax * ratio / FP8_MAX).clamp(min=_SMALLEST_SCALE)
-    data = (rows / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    scale = _scale(amax, ratio)
+    data = _to_fp8(rows, scale)
     return data, scale, (data.to(torch.float32) * scale[:, None] - rows).square().sum(dim=1)
 
 

@@ -27,10 +27,6 @@ class GemvTiling:
     num_warps: int = NUM_WARPS
 
 
-# FP8 rows are half the bytes: a tile twice as wide reads as many bytes per load as the bf16 one.
-FP8_TILING = GemvTiling()
-
-
 @triton.jit
 def _gemv_kernel(x_ptr, weight_ptr, scale_ptr, out_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, HAS_SCALE: tl.constexpr):  # fmt: skip

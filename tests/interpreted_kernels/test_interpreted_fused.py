@@ -21,7 +21,7 @@ from kvferry.engine.rope import cos_sin_cache
 from kvferry.kernels import reference
 from kvferry.kernels.fp8_weight import quantize_fp8
 from kvferry.kernels.triton_decode_attention import paged_decode_attention, split_counters
-from kvferry.kernels.triton_linear import FP8_TILING, gemv
+from kvferry.kernels.triton_linear import gemv
 from kvferry.kernels.triton_rope import apply_rope_and_store_kv
 
 
@@ -89,6 +89,6 @@ def test_gemv_over_fp8_rows_applies_each_row_s_scale(n, k):
     x = random_tensor((1, k), torch.bfloat16, generator)
     weight = quantize_fp8(random_tensor((n, k), torch.float32, generator) * torch.logspace(-2, 1, n)[:, None])
     want = torch.nn.functional.linear(x.float(), weight.dequantize(torch.float32))
-    got = gemv(x, weight.data, weight.scale, FP8_TILING)
+    got = gemv(x, weight.data, weight.scale)
     assert got.dtype == torch.bfloat16 and got.shape == (1, n)
     torch.testing.assert_close(got.float(), want, atol=2e-2 * float(want.abs().max()), rtol=0)

@@ -11,14 +11,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from kvferry.kernels.fp8_weight import FP8_DTYPE, FP8_MAX, quantize_fp8
+from kvferry.kernels.fp8_weight import quantize_fp8, quantize_rows
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 def _per_tensor(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    scale = (weight.abs().max().float() / FP8_MAX).clamp(min=1e-12)
-    return (weight.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale.reshape(())
+    """One scale for the whole tensor: its rows quantized as one row."""
+    data, scale = quantize_rows(weight.reshape(1, -1))
+    return data.reshape(weight.shape), scale.reshape(())
 
 
 def write_fp8_checkpoint(source: Path, target: Path, strategy: str) -> Path:
