@@ -14,7 +14,9 @@ In one run:
 - the 8B-shaped random checkpoint (make-model on the GPU) served in bf16 and in FP8 (quantized at load):
   batch-1 TPOT against each format's roofline (the bytes a step reads over the copy bandwidth), TPOT at
   concurrency 64, and FP8's greedy agreement with bf16 over 8 prompts x 128 tokens, both free-running and
-  teacher-forced (FP8's top-1 after each bf16 prefix, one single-token request per position).
+  teacher-forced (FP8's top-1 after each bf16 prefix, one single-token request per position);
+- the same agreement for the checkpoint served in float32: how far rounding alone, bf16's against float32's,
+  moves this random model's top-1, the floor FP8's figure is read against.
 """
 
 from __future__ import annotations
@@ -73,19 +75,26 @@ def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def fp8_candidates() -> dict[str, Callable[..., torch.Tensor]]:
+    """Each FP8 kernel and tiling by name: the GEMVs (one row) and GEMMs widening FP8 in integers ("words",
+    what the engine runs) or through Triton's conversions ("cvt", the kernels before them), and cuBLAS."""
     from kvferry.kernels.triton_fp8_gemm import Fp8GemmTiling, fp8_gemm
+    from kvferry.kernels.triton_fp8_gemv import Fp8GemvTiling, fp8_gemv
     from kvferry.kernels.triton_linear import GemvTiling, gemv
 
-    candidates: dict[str, Callable[..., torch.Tensor]] = {"scaled_mm": lambda x, w: scaled_mm(x, w)}
-    for n, k, warps in ((4, 2048, 4), (4, 4096, 4), (8, 4096, 4), (8, 4096, 8), (16, 2048, 8)):
-        candidates[f"gemv n{n} k{k} w{warps}"] = partial(
-            lambda x, w, tiling: gemv(x, w.data, w.scale, tiling) if x.shape[0] == 1 else None,
-            tiling=GemvTiling(n, k, warps),
-        )
-    for n, k, warps, stages in ((64, 128, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (16, 256, 4, 4), (64, 256, 8, 3)):
-        candidates[f"gemm n{n} k{k} w{warps} s{stages}"] = partial(
-            lambda x, w, tiling: fp8_gemm(x, w.data, w.scale, tiling), tiling=Fp8GemmTiling(n, k, warps, stages)
-        )
+    def one_row(run: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor | None]:
+        return lambda x, w: run(x, w) if x.shape[0] == 1 else None
+
+    candidates: dict[str, Callable[..., torch.Tensor | None]] = {"scaled_mm": lambda x, w: scaled_mm(x, w)}
+    candidates["gemv cvt n4 k2048 w4"] = one_row(lambda x, w: gemv(x, w.data, w.scale, GemvTiling(4, 2048, 4)))
+    for n, words, warps in ((4, 512, 4), (4, 1024, 4), (8, 512, 4), (8, 1024, 8)):
+        tiling = Fp8GemvTiling(n, words, warps)
+        candidates[f"gemv words n{n} w{words} warps{warps}"] = one_row(partial(
+            lambda x, w, tiling: fp8_gemv(x, w.data, w.scale, tiling), tiling=tiling))  # fmt: skip
+    for n, k, warps, stages in ((64, 128, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3)):
+        for widening in (True, False):
+            tiling = Fp8GemmTiling(n, k, warps, stages, integer_widening=widening)
+            name = f"gemm {'words' if widening else 'cvt'} n{n} k{k} w{warps} s{stages}"
+            candidates[name] = partial(lambda x, w, tiling: fp8_gemm(x, w.data, w.scale, tiling), tiling=tiling)
     return candidates
 
 
@@ -131,8 +140,8 @@ def linear_rows(bandwidth: float) -> list[dict[str, Any]]:
     return rows
 
 
-def _engine(model: Path, quantization: str | None) -> LLMEngine:
-    return LLMEngine(model, EngineArgs(dtype="bfloat16", quantization=quantization, max_model_len=MAX_MODEL_LEN,
+def _engine(model: Path, dtype: str, quantization: str | None) -> LLMEngine:
+    return LLMEngine(model, EngineArgs(dtype=dtype, quantization=quantization, max_model_len=MAX_MODEL_LEN,
                                        max_num_seqs=64, max_num_batched_tokens=8192, kv_cache_bytes=16 << 30))  # fmt: skip
 
 
@@ -199,28 +208,31 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.empty_cache()
     vocab_prompts = None
     outputs: dict[str, Any] = {}
-    for quantization in (None, "fp8"):
-        name = quantization or "bf16"
+    # bf16 first: its greedy tokens are what FP8, and float32 as the measure of how much any rounding moves
+    # this random model's top-1, are held against.
+    for name, dtype, quantization in (("bf16", "bfloat16", None), ("fp8", "bfloat16", "fp8"), ("fp32", "float32", None)):
         started = time.perf_counter()
-        engine = _engine(args.model, quantization)
-        roofline = Roofline(bandwidth, flops, model_cost(engine))
+        engine = _engine(args.model, dtype, quantization)
         summary[f"{name}_start_s"] = time.perf_counter() - started
         vocab_prompts = vocab_prompts or prompts(AGREEMENT_PROMPTS, PROMPT_LEN, engine.model_config.vocab_size, seed=7)
-        summary[name] = serve(engine, roofline)
+        if name != "fp32":  # float32 is here for its tokens alone
+            summary[name] = serve(engine, Roofline(bandwidth, flops, model_cost(engine)))
+            c1 = summary[name]["c1"]
+            print(f"{name}: batch-1 TPOT {c1['tpot_ms']:.2f} ms (roofline {c1['roofline_tpot_ms']:.2f}, "
+                  f"{c1['fraction_of_roofline_tpot']:.0%}), c64 TPOT {summary[name]['c64']['tpot_ms']:.2f} ms", flush=True)  # fmt: skip
         outputs[name] = _greedy(engine, vocab_prompts, AGREEMENT_TOKENS)
-        if quantization == "fp8":
+        if name != "bf16":
             prefixes = [ids + out[:t] for ids, out in zip(vocab_prompts, outputs["bf16"], strict=True) for t in range(len(out))]
             forced = [out[0] for out in _greedy(engine, prefixes, 1)]
-            summary["agreement"] = agreement(outputs["bf16"], outputs["fp8"], forced)
-        c1 = summary[name]["c1"]
-        print(f"{name}: batch-1 TPOT {c1['tpot_ms']:.2f} ms (roofline {c1['roofline_tpot_ms']:.2f}, "
-              f"{c1['fraction_of_roofline_tpot']:.0%}), c64 TPOT {summary[name]['c64']['tpot_ms']:.2f} ms", flush=True)  # fmt: skip
+            key = "agreement" if name == "fp8" else "fp32_agreement_with_bf16"
+            summary[key] = agreement(outputs["bf16"], outputs[name], forced)
+            print(f"{name} against bf16: {summary[key]}", flush=True)
         save()
         del engine
         gc.collect()
         torch.cuda.empty_cache()
     summary["fp8_speedup_batch1_tpot"] = summary["bf16"]["c1"]["tpot_ms"] / summary["fp8"]["c1"]["tpot_ms"]
-    print(f"FP8 batch-1 TPOT {summary['fp8_speedup_batch1_tpot']:.2f}x bf16; agreement {summary['agreement']}", flush=True)
+    print(f"FP8 batch-1 TPOT {summary['fp8_speedup_batch1_tpot']:.2f}x bf16", flush=True)
     save()
     return 0
 

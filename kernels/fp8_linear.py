@@ -2,9 +2,12 @@
 
 - Off CUDA, or with `KVFERRY_KERNELS=torch`: the weight dequantized to x's type, then F.linear. Slow, and
   the reference the fast paths are checked against.
-- One row (batch-1 decode): the Triton GEMV reading the FP8 bytes, its per-row scales applied once per output.
+- One row (batch-1 decode): the Triton GEMV of kernels/triton_fp8_gemv.py, widening the FP8 bytes with integer
+  operations, its per-row scales applied once per output.
 - Up to SMALL_BATCH rows (decode batches): the weight-only Triton GEMM (kernels/triton_fp8_gemm.py), which
   streams each weight byte once and keeps the activations in 16 bits.
+- Both read the weight as int32 words of four values: an in_features that is not a multiple of 4 (no model
+  has one) takes the dequantizing path.
 - More rows (prefill): cuBLAS's FP8 GEMM (`torch._scaled_mm`) on activations quantized per token, where the
   tensor cores' FP8 rate, twice bf16's, is what counts (bf16 activations; float16 ones dequantize).
 """
@@ -20,12 +23,12 @@ SMALL_BATCH = 64
 
 
 def linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None, use_triton: bool) -> torch.Tensor:
-    if not use_triton or x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16):
+    if not use_triton or x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16) or x.shape[1] % 4:
         return F.linear(x, weight.dequantize(x.dtype), bias)
     if x.shape[0] == 1:
-        from kvferry.kernels import triton_linear
+        from kvferry.kernels import triton_fp8_gemv
 
-        out = triton_linear.gemv(x, weight.data, weight.scale)
+        out = triton_fp8_gemv.fp8_gemv(x, weight.data, weight.scale)
     elif x.shape[0] <= SMALL_BATCH:
         from kvferry.kernels import triton_fp8_gemm
 

@@ -42,13 +42,14 @@ def test_fp8_linear_matches_the_dequantized_weight(monkeypatch, rows, n, k):
     assert _relative_error(got, want) < bound
 
 
+@pytest.mark.parametrize("integer_widening", [True, False], ids=["words", "cvt"])
 @pytest.mark.parametrize("rows", [2, 16, 64])
-def test_the_split_k_gemm_writes_every_output(rows):
+def test_the_split_k_gemm_writes_every_output(rows, integer_widening):
     """o_proj's shape splits K across programs that add into one float32 output."""
-    from kvferry.kernels.triton_fp8_gemm import fp8_gemm
+    from kvferry.kernels.triton_fp8_gemm import Fp8GemmTiling, fp8_gemm
 
     x, weight, want = _case(rows, 4096, 4096, seed=rows)
-    got = fp8_gemm(x, weight.data, weight.scale)
+    got = fp8_gemm(x, weight.data, weight.scale, Fp8GemmTiling(integer_widening=integer_widening))
     assert torch.isfinite(got).all() and _relative_error(got, want) < TOLERANCE
 
 
