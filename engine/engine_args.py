@@ -9,7 +9,8 @@ import torch
 from kvferry.engine.devices import resolve_device
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-QUANTIZATIONS = ("fp8",)
+# Weight formats a 16/32-bit checkpoint can be quantized to at load (engine/weights.py QUANTIZERS).
+QUANTIZATIONS = ("fp8", "int8")
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,8 @@ class EngineArgs:
     dtype: str = "auto"  # "auto": the checkpoint's dtype on CUDA, float32 on the CPU
     # "fp8": linear layers in FP8 e4m3 with per-channel scales, quantized at load from a 16/32-bit checkpoint
     # (an FP8 checkpoint is read as FP8 either way). Activations and the KV cache keep `dtype`.
+    # "int8" (CPU only): linear layers and the LM head in int8 with per-channel scales, multiplied by
+    # fbgemm against activations quantized per row (kernels/int8_linear.py).
     quantization: str | None = None
     device: str = "auto"  # "auto": cuda:0 when a GPU is visible, else cpu; "cuda:N": GPU N (checked at start)
     max_model_len: int | None = None  # default: the model's max_position_embeddings, capped at 8192
@@ -57,6 +60,18 @@ class EngineArgs:
         sizes = [1, 2, 4, 8, *range(16, 129, 16), *range(160, 1025, 32)]
         capped = [size for size in sizes if size < self.max_num_seqs]
         return [*capped, self.max_num_seqs]
+
+    def quantize_at_load(self, checkpoint_quantization: str | None, device: torch.device) -> str | None:
+        """The format the loader turns the checkpoint's 16/32-bit linear weights into, or None to keep them
+        (no quantization asked for, or the checkpoint already stores that format)."""
+        if self.quantization is None or self.quantization == checkpoint_quantization:
+            return None
+        if checkpoint_quantization is not None:
+            raise ValueError(f"the checkpoint's weights are {checkpoint_quantization}; they cannot be requantized to "
+                             f"{self.quantization}")  # fmt: skip
+        if self.quantization == "int8" and device.type != "cpu":
+            raise ValueError(f"int8 weights run on the CPU only (fbgemm); on {device} use quantization 'fp8'")
+        return self.quantization
 
     def resolve_dtype(self, checkpoint_dtype: str, device: torch.device) -> torch.dtype:
         if self.dtype != "auto":

@@ -97,17 +97,17 @@ class LLMEngine:
 
         cfg = self.model_config
         # Quantized here, the weights are not the checkpoint's: their KV differs from a 16-bit node's.
-        quantize_fp8 = args.quantization == "fp8" and cfg.quantization is None
+        quantize = args.quantize_at_load(cfg.quantization, self.device)
         self.pool_layout = KVPoolLayout(
             num_layers=cfg.num_layers,
             num_kv_heads=cfg.num_kv_heads,
             head_dim=cfg.head_dim,
             block_size=args.block_size,
             dtype=str(self.dtype).removeprefix("torch."),
-            weights=weights_fingerprint(self.model_dir) + ("+fp8" if quantize_fp8 else ""),
+            weights=weights_fingerprint(self.model_dir) + (f"+{quantize}" if quantize else ""),
         )
         # Weights first: on CUDA the pool gets what they and the activations leave of the memory budget.
-        model = CausalLM(cfg, load_weights(self.model_dir, cfg, self.dtype, self.device, quantize_fp8), self.max_model_len)
+        model = CausalLM(cfg, load_weights(self.model_dir, cfg, self.dtype, self.device, quantize), self.max_model_len)
         num_blocks = num_kv_blocks(args, model, self.pool_layout, self.device, self.max_model_len)
         self.block_manager = BlockManager(
             BlockAllocator(num_blocks, args.enable_prefix_caching), args.block_size, self.served_model_name

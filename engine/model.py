@@ -15,23 +15,23 @@ from kvferry.engine.attention_metadata import AttentionMetadata
 from kvferry.engine.model_config import ModelConfig
 from kvferry.engine.rope import cos_sin_cache
 from kvferry.kernels import dispatch as kernels
-from kvferry.kernels.fp8_weight import Fp8Weight
+from kvferry.kernels.dispatch import LinearWeight
 from kvferry.kvcache.kv_pool import KVPool
 
 
 @dataclass
 class LayerWeights:
     input_norm: torch.Tensor
-    qkv: torch.Tensor | Fp8Weight
+    qkv: LinearWeight
     qkv_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
-    o_proj: torch.Tensor | Fp8Weight
+    o_proj: LinearWeight
     post_attention_norm: torch.Tensor
-    gate_up: torch.Tensor | Fp8Weight
-    down: torch.Tensor | Fp8Weight
+    gate_up: LinearWeight
+    down: LinearWeight
 
-    def linears(self) -> tuple[torch.Tensor | Fp8Weight, ...]:
+    def linears(self) -> tuple[LinearWeight, ...]:
         return self.qkv, self.o_proj, self.gate_up, self.down
 
 
@@ -40,7 +40,7 @@ class ModelWeights:
     embed_tokens: torch.Tensor
     layers: list[LayerWeights]
     final_norm: torch.Tensor
-    lm_head: torch.Tensor
+    lm_head: LinearWeight
 
 
 class CausalLM:

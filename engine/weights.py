@@ -1,13 +1,15 @@
 """Load a Hugging Face checkpoint's safetensors (one file, or shards with their index) into ModelWeights.
 
 Linear layers come as FP8 (kernels/fp8_weight.py) where the checkpoint stores them so, each `*.weight`
-beside its `*.weight_scale`, or where `quantize_fp8` asks for them to be quantized at load; embeddings,
-norms and the LM head keep the model's dtype.
+beside its `*.weight_scale`, or in the format `quantize` names (QUANTIZERS), quantized at load; embeddings
+and norms keep the model's dtype, and so does the LM head except in int8, where on a CPU it is a fifth of a
+small model's bytes.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -15,9 +17,15 @@ from safetensors import safe_open
 
 from kvferry.engine.model import LayerWeights, ModelWeights
 from kvferry.engine.model_config import ModelConfig
-from kvferry.kernels.fp8_weight import Fp8Weight, fp8_from_checkpoint, quantize_fp8, stack_fp8
+from kvferry.kernels.dispatch import LinearWeight
+from kvferry.kernels.fp8_weight import fp8_from_checkpoint, quantize_fp8, stack_fp8
+from kvferry.kernels.int8_linear import quantize_int8
 
 INDEX_FILE = "model.safetensors.index.json"
+# EngineArgs.quantization's formats: each turns a 16/32-bit linear weight into the form the kernels read.
+QUANTIZERS: dict[str, Callable[[torch.Tensor], LinearWeight]] = {"fp8": quantize_fp8, "int8": quantize_int8}
+# Formats whose LM head is quantized too.
+QUANTIZED_LM_HEAD = ("int8",)
 
 
 def share_weights_file(path: Path) -> None:
@@ -45,8 +53,9 @@ class _TensorSource:
     file and copies each tensor there; no host copy of the model is ever assembled) and converted there,
     so a full-precision copy lives only as long as one tensor."""
 
-    def __init__(self, model_dir: Path, dtype: torch.dtype, device: torch.device, quantize_fp8: bool) -> None:
-        self.dtype, self.device, self.quantize_fp8 = dtype, device, quantize_fp8
+    def __init__(self, model_dir: Path, dtype: torch.dtype, device: torch.device, quantize: str | None) -> None:
+        self.dtype, self.device = dtype, device
+        self.quantizer = QUANTIZERS[quantize] if quantize else None
         self.location: dict[str, Path] = {}
         for path in checkpoint_files(model_dir):
             with safe_open(str(path), framework="pt") as handle:
@@ -72,8 +81,8 @@ class _TensorSource:
     def cat(self, *names: str) -> torch.Tensor:
         return torch.cat([self.get(name) for name in names], dim=0)
 
-    def linear(self, *names: str) -> torch.Tensor | Fp8Weight:
-        """A linear layer's weight, the `names` stacked by rows: FP8 as stored or as quantized, else dtype."""
+    def linear(self, *names: str) -> LinearWeight:
+        """A linear layer's weight, the `names` stacked by rows: FP8 as stored, or quantized, else dtype."""
         if any(self.has(name + "_scale_inv") for name in names):
             raise ValueError(f"{names[0]} has block-wise FP8 scales (weight_scale_inv), which kvferry does not read")
         stored_fp8 = [self.has(name + "_scale") for name in names]
@@ -82,13 +91,13 @@ class _TensorSource:
                 raise ValueError(f"of {', '.join(names)}, some are FP8 and some are not: they cannot share one matmul")
             return stack_fp8([fp8_from_checkpoint(self.stored(name), self.stored(name + "_scale")) for name in names])
         weight = self.cat(*names)
-        return quantize_fp8(weight) if self.quantize_fp8 else weight
+        return self.quantizer(weight) if self.quantizer else weight
 
 
 def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype, device: torch.device,
-                 quantize_fp8: bool = False) -> ModelWeights:  # fmt: skip
-    """`quantize_fp8`: the linear layers that the checkpoint stores in 16 or 32 bits become FP8 at load."""
-    source = _TensorSource(Path(model_dir), dtype, device, quantize_fp8)
+                 quantize: str | None = None) -> ModelWeights:  # fmt: skip
+    """`quantize`: a QUANTIZERS format the linear layers stored in 16 or 32 bits become at load."""
+    source = _TensorSource(Path(model_dir), dtype, device, quantize)
     layers = []
     for i in range(config.num_layers):
         prefix = f"model.layers.{i}."
@@ -114,5 +123,9 @@ def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
         embed_tokens=embed,
         layers=layers,
         final_norm=source.get("model.norm.weight"),
-        lm_head=embed if tied else source.get("lm_head.weight"),
+        lm_head=_lm_head(embed if tied else source.get("lm_head.weight"), quantize),
     )
+
+
+def _lm_head(weight: torch.Tensor, quantize: str | None) -> LinearWeight:
+    return QUANTIZERS[quantize](weight) if quantize in QUANTIZED_LM_HEAD else weight

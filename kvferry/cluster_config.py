@@ -9,7 +9,7 @@ when the operator renders it, not a pod that ignores it. Who reads each field:
 | --- | --- | --- |
 | `model.path` | the weights and tokenizer | the tokenizer and chat template |
 | `model.servedName` | the prefix-hash salt and registry record | the API's model name, the prefix-index keys |
-| `model.quantization` | FP8 weights (`--quantization`) | - |
+| `model.quantization` | FP8 or int8 weights (`--quantization`) | - |
 | `kvCache.*` | block size, memory fraction, dtype of the engine | - (block size from the nodes' records) |
 | `transfer.*` | the transfer engine's protocol, UCX_TLS | - |
 | `redis.url` | the node registry and the prefix index | the node registry and the prefix index |
@@ -48,7 +48,7 @@ class ModelSection(_Section):
     # One name for nodes and router: it salts the nodes' block hashes, so the router's prefix-index
     # lookups find the nodes' blocks only when the two agree.
     served_name: str = Field(min_length=1)
-    quantization: Literal["fp8"] | None = None  # the nodes' weights; activations and KV keep kvCache.dtype
+    quantization: Literal["fp8", "int8"] | None = None  # the nodes' weights; activations and KV keep kvCache.dtype
 
 
 class KVCacheSection(_Section):

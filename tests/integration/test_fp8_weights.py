@@ -7,9 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 from support.fp8_checkpoint import write_fp8_checkpoint
-from support.real_model import CHAT_PROMPTS, RAW_PROMPTS, greedy_cases
+from support.real_model import (
+    CHAT_PROMPTS,
+    RAW_PROMPTS,
+    engine_greedy,
+    greedy_cases,
+    teacher_forced_agreement,
+)
 
-from kvferry.engine import LLM, LLMEngine, SamplingParams
+from kvferry.engine import LLM, LLMEngine
 from kvferry.engine.engine_args import EngineArgs
 from kvferry.engine.model_config import ModelConfig
 from kvferry.engine.weights import load_weights
@@ -17,11 +23,6 @@ from kvferry.kernels.fp8_weight import Fp8Weight
 
 PROMPTS = [[1, 5, 9, 200, 31, 7], [3, 3, 3, 3], list(range(40, 90))]
 REAL_MODEL_TOKENS = 32
-
-
-def _greedy(llm: LLM, prompts, max_tokens: int) -> list[list[int]]:
-    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
 
 
 @pytest.mark.parametrize("strategy", ["tensor", "channel"])
@@ -45,9 +46,9 @@ def test_an_fp8_checkpoint_loads_each_linear_with_its_scales(tiny_models, tmp_pa
 def test_a_per_channel_fp8_checkpoint_answers_as_quantizing_at_load_does(tiny_models, tmp_path):
     """The checkpoint holds quantize_fp8's own bytes and scales, so the two engines compute the same thing."""
     folder = write_fp8_checkpoint(tiny_models["llama"], tmp_path / "channel", "channel")
-    from_checkpoint = _greedy(LLM(folder, dtype="float32"), PROMPTS, 12)
+    from_checkpoint = engine_greedy(LLM(folder, dtype="float32"), PROMPTS, 12)
     at_load = LLM(tiny_models["llama"], dtype="float32", quantization="fp8")
-    assert _greedy(at_load, PROMPTS, 12) == from_checkpoint
+    assert engine_greedy(at_load, PROMPTS, 12) == from_checkpoint
 
 
 def test_quantizing_at_load_gives_the_node_another_kv_identity(tiny_models):
@@ -71,11 +72,7 @@ def test_the_real_model_in_fp8_picks_bf16_s_next_token(smollm2, smollm2_referenc
     The floor catches a broken scale or layout, which falls far below it."""
     bf16 = LLM(smollm2.folder, dtype="bfloat16", device="cpu")
     fp8 = LLM(smollm2.folder, dtype="bfloat16", device="cpu", quantization="fp8")
-    cases = greedy_cases(smollm2_reference.model, smollm2_reference.tokenizer, max_new_tokens=1)
-    assert len(cases) == len(CHAT_PROMPTS) + len(RAW_PROMPTS) == 8
-    replies = _greedy(bf16, [case.prompt_ids for case in cases], REAL_MODEL_TOKENS)
-    prefixes = [case.prompt_ids + reply[:t] for case, reply in zip(cases, replies, strict=True) for t in range(len(reply))]
-    picks = [reply[0] for reply in _greedy(fp8, prefixes, 1)]
-    expected = [token for reply in replies for token in reply]
-    agreement = sum(a == b for a, b in zip(picks, expected, strict=True)) / len(expected)
-    assert agreement >= 0.85, f"FP8 picked bf16's token at {agreement:.1%} of {len(expected)} positions"
+    prompts = [case.prompt_ids for case in greedy_cases(smollm2_reference.model, smollm2_reference.tokenizer, 1)]
+    assert len(prompts) == len(CHAT_PROMPTS) + len(RAW_PROMPTS) == 8
+    agreement = teacher_forced_agreement(fp8, prompts, engine_greedy(bf16, prompts, REAL_MODEL_TOKENS))
+    assert agreement >= 0.85, f"FP8 picked bf16's token at {agreement:.1%} of the positions"

@@ -95,3 +95,20 @@ def engine_prompt(case: GreedyCase) -> dict[str, list[int]] | str:
 def smollm2_greedy(smollm2_reference: Reference) -> list[GreedyCase]:
     """transformers' float32 greedy answers on the CPU (greedy_cases)."""
     return greedy_cases(smollm2_reference.model, smollm2_reference.tokenizer)
+
+
+def engine_greedy(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:
+    """The engine's greedy tokens for token-id prompts, EOS ignored so each reply has max_tokens."""
+    from kvferry.engine import SamplingParams
+
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+
+
+def teacher_forced_agreement(candidate: Any, prompts: list[list[int]], replies: list[list[int]]) -> float:
+    """How often `candidate` picks the reference's next token after each prefix of the reference's replies
+    (teacher-forced: one parting does not carry into the tokens after it)."""
+    prefixes = [prompt + reply[:t] for prompt, reply in zip(prompts, replies, strict=True) for t in range(len(reply))]
+    picks = [reply[0] for reply in engine_greedy(candidate, prefixes, 1)]
+    expected = [token for reply in replies for token in reply]
+    return sum(a == b for a, b in zip(picks, expected, strict=True)) / len(expected)
