@@ -2,9 +2,10 @@
 multiplied by fbgemm's int8 GEMM (`quantized::linear_dynamic`) against activations quantized as it goes.
 
 Why: a CPU decode step streams every weight once, and float32 weights are 4 bytes each. fbgemm's AVX2 int8
-kernel reads a quarter of the bytes; on this project's 2-core machine it ran the small real model's layers
-1.4-5.4x faster than the prepacked float32 path at one row (benchmarks/results/cpu_int8.json has the
-figures).
+kernel reads a quarter of the bytes. A first probe of the real model's shapes at one row, on the 2-core
+development machine while other tests ran (so rough), put `linear` below at 1.7-1.9x the prepacked float32
+path for gate/up and down and 6.6x for the LM head, but at half its speed for o_proj, where the ~50 us of
+fixed cost per call (the activations' split, fbgemm's own quantization) outweighs the bytes saved.
 
 Activations: `linear_dynamic` quantizes its whole input to 7 bits (fbgemm's reduced range on AVX2) with
 one range, so a row's rounding would depend on the other rows of its batch, and 7 bits over a row whose
