@@ -74,27 +74,22 @@ def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got.float() - want).norm() / want.norm())
 
 
-def fp8_candidates() -> dict[str, Callable[..., torch.Tensor]]:
-    """Each FP8 kernel and tiling by name: the GEMVs (one row) and GEMMs widening FP8 in integers ("words",
-    what the engine runs) or through Triton's conversions ("cvt", the kernels before them), and cuBLAS."""
+def fp8_candidates() -> dict[str, Callable[..., torch.Tensor | None]]:
+    """Each FP8 kernel and tiling by name: the one-row GEMV (integer widening), the weight-only GEMM, and
+    cuBLAS."""
     from kvferry.kernels.triton_fp8_gemm import Fp8GemmTiling, fp8_gemm
     from kvferry.kernels.triton_fp8_gemv import Fp8GemvTiling, fp8_gemv
-    from kvferry.kernels.triton_linear import GemvTiling, gemv
-
-    def one_row(run: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor | None]:
-        return lambda x, w: run(x, w) if x.shape[0] == 1 else None
 
     candidates: dict[str, Callable[..., torch.Tensor | None]] = {"scaled_mm": lambda x, w: scaled_mm(x, w)}
-    candidates["gemv cvt n4 k2048 w4"] = one_row(lambda x, w: gemv(x, w.data, w.scale, GemvTiling(4, 2048, 4)))
-    for n, words, warps in ((4, 512, 4), (4, 1024, 4), (8, 512, 4), (8, 1024, 8)):
-        tiling = Fp8GemvTiling(n, words, warps)
-        candidates[f"gemv words n{n} w{words} warps{warps}"] = one_row(partial(
-            lambda x, w, tiling: fp8_gemv(x, w.data, w.scale, tiling), tiling=tiling))  # fmt: skip
-    for n, k, warps, stages in ((64, 128, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3)):
-        for widening in (True, False):
-            tiling = Fp8GemmTiling(n, k, warps, stages, integer_widening=widening)
-            name = f"gemm {'words' if widening else 'cvt'} n{n} k{k} w{warps} s{stages}"
-            candidates[name] = partial(lambda x, w, tiling: fp8_gemm(x, w.data, w.scale, tiling), tiling=tiling)
+    for n, words, warps in ((4, 512, 4), (8, 512, 4), (4, 1024, 4), (2, 512, 4)):
+        candidates[f"gemv n{n} w{words} warps{warps}"] = partial(
+            lambda x, w, tiling: fp8_gemv(x, w.data, w.scale, tiling) if x.shape[0] == 1 else None,
+            tiling=Fp8GemvTiling(n, words, warps),
+        )
+    for n, k, warps, stages in ((64, 128, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (16, 128, 4, 4)):
+        candidates[f"gemm n{n} k{k} w{warps} s{stages}"] = partial(
+            lambda x, w, tiling: fp8_gemm(x, w.data, w.scale, tiling), tiling=Fp8GemmTiling(n, k, warps, stages)
+        )
     return candidates
 
 

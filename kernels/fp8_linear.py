@@ -6,8 +6,8 @@
   operations, its per-row scales applied once per output.
 - Up to SMALL_BATCH rows (decode batches): the weight-only Triton GEMM (kernels/triton_fp8_gemm.py), which
   streams each weight byte once and keeps the activations in 16 bits.
-- Both read the weight as int32 words of four values: an in_features that is not a multiple of 4 (no model
-  has one) takes the dequantizing path.
+  The GEMV reads the weight as int32 words of four values: an in_features that is not a multiple of 4 (no
+  model has one) takes the GEMM instead.
 - More rows (prefill): cuBLAS's FP8 GEMM (`torch._scaled_mm`) on activations quantized per token, where the
   tensor cores' FP8 rate, twice bf16's, is what counts (bf16 activations; float16 ones dequantize).
 """
@@ -23,9 +23,9 @@ SMALL_BATCH = 64
 
 
 def linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None, use_triton: bool) -> torch.Tensor:
-    if not use_triton or x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16) or x.shape[1] % 4:
+    if not use_triton or x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16):
         return F.linear(x, weight.dequantize(x.dtype), bias)
-    if x.shape[0] == 1:
+    if x.shape[0] == 1 and x.shape[1] % 4 == 0:
         from kvferry.kernels import triton_fp8_gemv
 
         out = triton_fp8_gemv.fp8_gemv(x, weight.data, weight.scale)

@@ -5,6 +5,10 @@ registers and multiplied on the tensor cores against the 16-bit activations, so 
 the bytes of bf16 weights and the activations keep their precision. A decode batch is memory-bound:
 the grid is cut along N (and along K where N alone gives too few programs to fill the GPU), never along
 M, so every weight byte is read once per step whatever the batch.
+
+Widening with integer operations, as the one-row GEMV does (kernels/triton_fp8_gemv.py), was tried here
+too and measured slower at 8-32 rows on an H100 (up to 2.2x at 32): splitting x's tile four ways for four
+dots cost more than the conversions it saved.
 """
 
 from __future__ import annotations
@@ -24,7 +28,12 @@ class Fp8GemmTiling:
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 4
-    integer_widening: bool = True  # the word kernel below in place of Triton's conversion
+
+
+def tiling_for(rows: int) -> Fp8GemmTiling:
+    """The best tiling by batch on an H100 (benchmarks/results/gpu_fp8.json): up to 16 rows, narrower tiles
+    give the grid more programs."""
+    return Fp8GemmTiling(block_n=32 if rows <= 16 else 64)
 
 
 @triton.jit
@@ -53,80 +62,16 @@ def _fp8_gemm_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, stride_xm, strid
         tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
 
 
-# float16 or bf16 bits of an e4m3 byte in bits 24-31 of an int32 after an arithmetic shift right by 17 (float16)
-# or 20 (bf16): the sign, and the 7 bits of exponent and mantissa at the bottom of the 16-bit exponent and the
-# top of its mantissa: e4m3 times 2^-8 as float16, times 2^-120 as bf16 (kernels/triton_fp8_gemv.py explains).
-_FP16_BITS = tl.constexpr(0xBF80)
-_BF16_BITS = tl.constexpr(0x87F0)
-# bf16 x gets 60 added to its exponent (x * 2^60, exact; a zero becomes 2^-67) so that its products with
-# 2^-120-scaled weights stay in float32's normal range; float16 x is taken as it is.
-_BF16_X_EXPONENT = tl.constexpr(60 << 7)
-
-
-@triton.jit
-def _widened_word_byte(words, byte: tl.constexpr, dtype: tl.constexpr):
-    top = words << (24 - 8 * byte)
-    if dtype == tl.bfloat16:
-        bits = (top >> 20) & _BF16_BITS
-    else:
-        bits = (top >> 17) & _FP16_BITS
-    return bits.to(tl.int16).to(dtype, bitcast=True)
-
-
-@triton.jit
-def _fp8_gemm_words_kernel(x_ptr, words_ptr, scale_ptr, out_ptr, M, N, K_WORDS, stride_xm, stride_wn, stride_om,
-                           words_per_split, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
-                           SPLIT_K: tl.constexpr):  # fmt: skip
-    """The kernel above over int32 words of four e4m3 values, widened with integer shifts and masks rather
-    than conversions: four dots per tile, one per byte of the words against every fourth column of x."""
-    pid_n, split = tl.program_id(0), tl.program_id(1)
-    rows = tl.arange(0, BLOCK_M)
-    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    ws = tl.arange(0, BLOCK_W)
-    row_mask, col_mask = rows < M, cols < N
-    xs = tl.arange(0, 4 * BLOCK_W)
-    x_ptrs = x_ptr + rows[:, None] * stride_xm + xs[None, :]
-    w_ptrs = words_ptr + cols[:, None].to(tl.int64) * stride_wn + ws[None, :]
-    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    dtype = x_ptr.dtype.element_ty
-    start = split * words_per_split
-    for k in range(start, tl.minimum(start + words_per_split, K_WORDS), BLOCK_W):
-        k_mask = k + ws < K_WORDS
-        words = tl.load(w_ptrs + k, mask=col_mask[:, None] & k_mask[None, :], other=0)
-        x = tl.load(x_ptrs + 4 * k, mask=row_mask[:, None] & (4 * k + xs < 4 * K_WORDS)[None, :], other=0.0)
-        if dtype == tl.bfloat16:
-            x = (x.to(tl.int16, bitcast=True) + _BF16_X_EXPONENT).to(tl.int16).to(tl.bfloat16, bitcast=True)
-        # x's columns 4j + 2a + b: split on b, then on a, gives byte 2a + b of every word.
-        even, odd = tl.split(tl.reshape(x, [BLOCK_M, BLOCK_W, 2, 2]))
-        x0, x2 = tl.split(even)
-        x1, x3 = tl.split(odd)
-        acc = tl.dot(x0, tl.trans(_widened_word_byte(words, 0, dtype)), acc)
-        acc = tl.dot(x1, tl.trans(_widened_word_byte(words, 1, dtype)), acc)
-        acc = tl.dot(x2, tl.trans(_widened_word_byte(words, 2, dtype)), acc)
-        acc = tl.dot(x3, tl.trans(_widened_word_byte(words, 3, dtype)), acc)
-    if dtype == tl.bfloat16:
-        acc *= 2.0**60
-    else:
-        acc *= 2.0**8
-    acc *= tl.load(scale_ptr + cols, mask=col_mask, other=0.0)[None, :]
-    out_ptrs = out_ptr + rows[:, None] * stride_om + cols[None, :]
-    mask = row_mask[:, None] & col_mask[None, :]
-    if SPLIT_K == 1:
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=mask)
-    else:
-        tl.atomic_add(out_ptrs, acc, mask=mask, sem="relaxed")
-
-
 def fp8_gemm(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor,
-             tiling: Fp8GemmTiling = Fp8GemmTiling()) -> torch.Tensor:  # fmt: skip
-    """x [M, K] (16-bit, M at most 64) times data [N, K] (FP8, rows contiguous; K a multiple of 4 when widened
-    in integers) scaled by scale [N] -> [M, N] in x's dtype."""
+             tiling: Fp8GemmTiling | None = None) -> torch.Tensor:  # fmt: skip
+    """x [M, K] (16-bit, M at most 64) times data [N, K] (FP8, rows contiguous) scaled by scale [N]
+    -> [M, N] in x's dtype."""
     m, k = x.shape
     n = data.shape[0]
-    if m > 64 or data.shape[1] != k or data.stride(1) != 1 or (tiling.integer_widening and k % 4):
-        raise ValueError(f"fp8_gemm takes x [<=64, {data.shape[1]}] and FP8 rows (of a multiple of 4 values to "
-                         f"widen in integers), got {tuple(x.shape)}")
+    if m > 64 or data.shape[1] != k or data.stride(1) != 1:
+        raise ValueError(f"fp8_gemm takes x [<=64, {data.shape[1]}] and FP8 rows, got {tuple(x.shape)}")
     x = x.contiguous()
+    tiling = tiling or tiling_for(m)
     block_m = max(16, triton.next_power_of_2(m))
     programs_n = triton.cdiv(n, tiling.block_n)
     # Split K until the grid has about two programs per multiprocessor; each span a whole number of tiles.
@@ -138,16 +83,8 @@ def fp8_gemm(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor,
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     else:
         out = torch.zeros(m, n, dtype=torch.float32, device=x.device)
-    if tiling.integer_widening:
-        words = data.view(torch.int32)
-        _fp8_gemm_words_kernel[(programs_n, split_k)](x, words, scale, out, m, n, k // 4, x.stride(0), words.stride(0),
-                                                      out.stride(0), k_per_split // 4, BLOCK_M=block_m,
-                                                      BLOCK_N=tiling.block_n, BLOCK_W=tiling.block_k // 4,
-                                                      SPLIT_K=split_k, num_warps=tiling.num_warps,
-                                                      num_stages=tiling.num_stages)  # fmt: skip
-    else:
-        _fp8_gemm_kernel[(programs_n, split_k)](x, data, scale, out, m, n, k, x.stride(0), data.stride(0), out.stride(0),
-                                                k_per_split, BLOCK_M=block_m, BLOCK_N=tiling.block_n,
-                                                BLOCK_K=tiling.block_k, SPLIT_K=split_k, num_warps=tiling.num_warps,
-                                                num_stages=tiling.num_stages)  # fmt: skip
+    _fp8_gemm_kernel[(programs_n, split_k)](x, data, scale, out, m, n, k, x.stride(0), data.stride(0), out.stride(0),
+                                            k_per_split, BLOCK_M=block_m, BLOCK_N=tiling.block_n,
+                                            BLOCK_K=tiling.block_k, SPLIT_K=split_k, num_warps=tiling.num_warps,
+                                            num_stages=tiling.num_stages)  # fmt: skip
     return out if split_k == 1 else out.to(x.dtype)

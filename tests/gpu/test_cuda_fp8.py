@@ -42,27 +42,29 @@ def test_fp8_linear_matches_the_dequantized_weight(monkeypatch, rows, n, k):
     assert _relative_error(got, want) < bound
 
 
-@pytest.mark.parametrize("integer_widening", [True, False], ids=["words", "cvt"])
 @pytest.mark.parametrize("rows", [2, 16, 64])
-def test_the_split_k_gemm_writes_every_output(rows, integer_widening):
+def test_the_split_k_gemm_writes_every_output(rows):
     """o_proj's shape splits K across programs that add into one float32 output."""
-    from kvferry.kernels.triton_fp8_gemm import Fp8GemmTiling, fp8_gemm
+    from kvferry.kernels.triton_fp8_gemm import fp8_gemm
 
     x, weight, want = _case(rows, 4096, 4096, seed=rows)
-    got = fp8_gemm(x, weight.data, weight.scale, Fp8GemmTiling(integer_widening=integer_widening))
+    got = fp8_gemm(x, weight.data, weight.scale)
     assert torch.isfinite(got).all() and _relative_error(got, want) < TOLERANCE
 
 
-def test_the_tiny_model_in_fp8_decodes_the_same_from_cuda_graphs_as_eagerly(tiny_models):
+def test_the_tiny_model_in_fp8_decodes_from_cuda_graphs_as_it_does_eagerly(tiny_models):
     """FP8 weights on the card, decode steps replayed from CUDA graphs (the GEMV, the weight-only GEMM) against
-    the same engine launching each kernel itself. Not against the CPU: there the prefill dequantizes, on the
-    GPU it multiplies FP8 activations (cuBLAS), and on this random model that alone parted 47 of 144 tokens
-    (H200, 2026-12-06); kernels/fp8_linear.py's paths are checked one by one above."""
+    the same engine launching each kernel itself. Tokens alone cannot tell: on this random bf16 model the two
+    part at near-ties (107 of 144 tokens equal on an H100, 2026-12-06), since a graph's attention splits the
+    context its own way. So up to each prompt's first parting, where both saw the same tokens, the top-1
+    log-probability of every step must agree within bf16's rounding; a graph replaying stale inputs or
+    another weight moves it by whole units. Not against the CPU: there the prefill dequantizes, on the GPU
+    it multiplies FP8 activations (cuBLAS); kernels/fp8_linear.py's paths are checked one by one above."""
     from kvferry.engine import LLM, SamplingParams
     from kvferry.kernels.fp8_weight import Fp8Weight
 
     prompts = [{"prompt_token_ids": list(range(3 + i, 40 + 7 * i))} for i in range(6)]
-    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, logprobs=0)
     runs = {}
     for eager in (False, True):
         llm = LLM(tiny_models["llama"], dtype="bfloat16", device="cuda", quantization="fp8", kv_cache_bytes=1 << 28,
@@ -70,6 +72,13 @@ def test_the_tiny_model_in_fp8_decodes_the_same_from_cuda_graphs_as_eagerly(tiny
         weights = llm.engine.runner.model.weights
         assert isinstance(weights.layers[0].qkv, Fp8Weight) and weights.layers[0].qkv.device.type == "cuda"
         assert (llm.engine.runner.graphs is None) is eager
-        runs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    same = sum(a == b for g, e in zip(runs[False], runs[True], strict=True) for a, b in zip(g, e, strict=True))
-    assert same / sum(len(e) for e in runs[True]) >= 0.95, runs
+        runs[eager] = [output.outputs[0] for output in llm.generate(prompts, params)]
+    compared = 0
+    for graphed, eager in zip(runs[False], runs[True], strict=True):
+        assert graphed.token_ids[0] == eager.token_ids[0]  # the prefill: no graph either way
+        parting = next((i for i, (a, b) in enumerate(zip(graphed.token_ids, eager.token_ids, strict=True)) if a != b), 23)
+        for step in range(1, parting + 1):
+            top_graphed, top_eager = max(graphed.logprobs[step].values()), max(eager.logprobs[step].values())
+            assert abs(top_graphed - top_eager) < 0.1, (step, top_graphed, top_eager)
+            compared += 1
+    assert compared >= 24  # enough graph replays were held to it
