@@ -122,7 +122,7 @@ def linear_rows(bandwidth: float) -> list[dict[str, Any]]:
             timed = {name: v for name, v in row["fp8"].items() if "ms" in v and v["relative_error"] < 0.05}
             best = min(timed, key=lambda name: timed[name]["ms"])
             row |= {"best_fp8": best, "best_fp8_ms": timed[best]["ms"], "speedup_vs_bf16": bf16_ms / timed[best]["ms"],
-                    "best_fp8_pct_copy_bw": 100 * (n * k / (timed[best]["ms"] / 1e3)) / (bandwidth / 2)}  # fmt: skip
+                    "best_fp8_pct_copy_bw": 100 * (n * k / (timed[best]["ms"] / 1e3)) / bandwidth}  # fmt: skip
             engine_choice = kernels.linear(x, fp8)  # what the engine runs for this shape now
             row["engine_choice_relative_error"] = _relative_error(engine_choice, want)
             row["engine_choice_ms"] = _graph_ms([partial(kernels.linear, x, w) for w in fp8_copies])
