@@ -11,6 +11,12 @@ EOS ignored so every request produces exactly its tokens. Rows:
   time (kvferry: continuous batching; transformers: one padded `generate`; llama.cpp: 16 sequences in one
   llama_batch through its low-level API, since its high-level `Llama` runs one sequence at a time).
 
+Quantized rows: kvferry's int8 weights (`--quantization int8`, kernels/int8_linear.py) from the same import,
+and, on one Q8_0 GGUF that convert_hf_to_gguf.py writes from it, llama.cpp beside kvferry int8 loading that
+very file. For those two, agreement with llama.cpp on the same file: 8 English prompts x 64 tokens, kvferry's
+top-1 after each prefix of llama.cpp's greedy reply (teacher-forced), with kvferry float32 on the same file
+(its weights dequantized exactly) as the measure of what the formats' arithmetic alone parts.
+
 llama-cpp-python is not a dependency of kvferry: `make bench-llama-cpp` builds it from source (about ten
 minutes here); its source distribution carries the convert script, unpacked once into the kvferry cache.
 
@@ -57,6 +63,17 @@ class Sizes:
 
 
 QUICK = Sizes(decode_prompt=8, decode_tokens=8, ttft_prompt=64, batch=4, batch_prompt=8, batch_tokens=8)
+AGREEMENT_PROMPTS = (
+    "The capital of France is",
+    "Write a short poem about the sea.",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "Explain recursion in one sentence:",
+    "The best way to learn a language is",
+    "Water boils at",
+)
+AGREEMENT_TOKENS = 64
 
 
 def prompts(vocab: int, sizes: Sizes) -> dict[str, list[list[int]]]:
@@ -96,8 +113,8 @@ def rows_from(
     }, tokens
 
 
-def kvferry_generate(model: Path) -> Generate:
-    llm = LLM(model, dtype="float32")
+def kvferry_generate(model: Path, quantization: str | None = None) -> Generate:
+    llm = LLM(model, dtype="float32", quantization=quantization)
 
     def generate(batch: list[list[int]], new_tokens: int) -> list[list[int]]:
         params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
@@ -221,17 +238,34 @@ def convert_script() -> Path:
     return script
 
 
-def f32_gguf(model: Path) -> Path:
-    out = CACHE / "models" / f"{model.name}-f32.gguf"
+def converted_gguf(model: Path, outtype: str) -> Path:
+    """The model folder written as a GGUF of `outtype` (f32, q8_0) by llama.cpp's own convert script, once."""
+    out = CACHE / "models" / f"{model.name}-{outtype}.gguf"
     if not out.is_file():
         script = convert_script()
         env = {"PYTHONPATH": str(script.parent / "gguf-py"), "PATH": "/usr/bin:/bin"}
         subprocess.run(
-            [sys.executable, str(script), str(model), "--outtype", "f32", "--outfile", str(out)],
+            [sys.executable, str(script), str(model), "--outtype", outtype, "--outfile", str(out)],
             check=True,
             env=env,
         )
     return out
+
+
+def agreement_prompts(model: Path, count: int) -> list[list[int]]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    return [tokenizer(text).input_ids for text in AGREEMENT_PROMPTS[:count]]
+
+
+def teacher_forced_agreement(reference: Generate, candidate: Generate, prompts_: list[list[int]], tokens: int) -> float:
+    """How often `candidate` picks `reference`'s next token after each prefix of `reference`'s greedy replies."""
+    replies = reference(prompts_, tokens)
+    prefixes = [prompt + reply[:t] for prompt, reply in zip(prompts_, replies, strict=True) for t in range(tokens)]
+    picks = [reply[0] for reply in candidate(prefixes, 1)]
+    expected = [token for reply in replies for token in reply]
+    return round(sum(a == b for a, b in zip(picks, expected, strict=True)) / len(expected), 4)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -246,12 +280,19 @@ def main(argv: list[str] | None = None) -> int:
     engines = {
         "kvferry float32": lambda: kvferry_generate(model),
         "transformers float32": lambda: transformers_generate(model),
-        "llama.cpp F32 GGUF": lambda: llama_cpp_generate(f32_gguf(model), sizes),
+        "llama.cpp F32 GGUF": lambda: llama_cpp_generate(converted_gguf(model, "f32"), sizes),
         "llama.cpp Q4_1 GGUF": lambda: llama_cpp_generate(q4, sizes),
+        "kvferry int8": lambda: kvferry_generate(model, "int8"),
+        "llama.cpp Q8_0 GGUF": lambda: llama_cpp_generate(converted_gguf(model, "q8_0"), sizes),
+        "kvferry int8 on the Q8_0 GGUF": lambda: kvferry_generate(converted_gguf(model, "q8_0"), "int8"),
     }
     rows, reference = [], None
+    kept: dict[str, Generate] = {}  # the two engines the agreement needs; the others go once measured
     for name, make in engines.items():
-        measured, tokens = rows_from(make(), cases, sizes)
+        generate = make()
+        if name in ("llama.cpp Q8_0 GGUF", "kvferry int8 on the Q8_0 GGUF"):
+            kept[name] = generate
+        measured, tokens = rows_from(generate, cases, sizes)
         reference = reference or tokens
         # Greedy tokens of the decode prompt, against kvferry's: equal where the precision is the same.
         same = next(
@@ -261,12 +302,29 @@ def main(argv: list[str] | None = None) -> int:
             {"variant": name, "engine": name, **measured, "same_tokens_as_kvferry": f"{same}/{len(tokens)}"}
         )
         print(rows[-1], flush=True)
+    # The same Q8_0 file on both engines: kvferry int8, and kvferry float32 (the file dequantized exactly),
+    # each teacher-forced on llama.cpp's greedy replies.
+    agreement_cases = agreement_prompts(model, 2 if args.quick else len(AGREEMENT_PROMPTS))
+    tokens = sizes.batch_tokens if args.quick else AGREEMENT_TOKENS
+    llama_q8 = kept["llama.cpp Q8_0 GGUF"]
+    agreement = {
+        "prompts": len(agreement_cases),
+        "tokens": tokens,
+        "kvferry int8 on the Q8_0 GGUF": teacher_forced_agreement(
+            llama_q8, kept["kvferry int8 on the Q8_0 GGUF"], agreement_cases, tokens
+        ),
+        "kvferry float32 on the Q8_0 GGUF": teacher_forced_agreement(
+            llama_q8, kvferry_generate(converted_gguf(model, "q8_0")), agreement_cases, tokens
+        ),
+    }
+    print(f"top-1 agreement with llama.cpp on the Q8_0 file: {agreement}", flush=True)
     baseline = rows[0]["variant"]
     rows = with_ratios(rows, baseline, ["decode_tok_s", "concurrent_tok_s"])
     print_table(rows, list(rows[0]))
     params = {"model": "SmolLM2-135M-Instruct", "sizes": asdict(sizes)}
     result = new_result(
-        "cpu_real_model", params, rows, baseline=baseline, environment={**environment(), "threads": THREADS}
+        "cpu_real_model", params, rows, baseline=baseline, environment={**environment(), "threads": THREADS},
+        summary={"top1_agreement_with_llama_cpp_q8_0": agreement},
     )
     print(f"wrote {write_result(result, output_dir(args))}")
     return 0

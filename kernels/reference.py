@@ -94,21 +94,29 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    """One query token per sequence, query [batch, q_heads, dim], attending to its whole paged context."""
+    """One query token per sequence, query [batch, q_heads, dim], attending to its whole paged context.
+
+    The context's blocks are gathered once per cache with `index_select` (a row copy per block; advanced
+    indexing took twice as long), into [batch, len, kv_heads, dim]. Each kv head's [len, dim] keys and values
+    are then strided matrices that BLAS reads in place, so one batched matmul per kv head and product needs
+    no further copy; permuting the gathered cache for one matmul over all heads cost more than the gather."""
     batch, num_q_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     group = num_q_heads // num_kv_heads
-    max_len = int(context_lens.max())
-    num_blocks = -(-max_len // block_size)
-    tables = block_tables[:, :num_blocks]
-    # [batch, kv_heads, dim, len] and [batch, kv_heads, len, dim]; GQA groups share one K/V read.
-    keys = key_cache[tables].flatten(1, 2)[:, :max_len].permute(0, 2, 3, 1)
-    values = value_cache[tables].flatten(1, 2)[:, :max_len].transpose(1, 2)
-    scores = torch.matmul(query.view(batch, num_kv_heads, group, head_dim), keys) * scale
-    beyond = torch.arange(max_len, device=query.device)[None, :] >= context_lens[:, None]
-    scores.masked_fill_(beyond[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
-    return torch.matmul(probs, values).reshape(batch, num_q_heads, head_dim)
+    num_blocks = -(-int(context_lens.max()) // block_size)
+    blocks = block_tables[:, :num_blocks].reshape(-1)
+    length = num_blocks * block_size
+    keys = key_cache.index_select(0, blocks).view(batch, length, num_kv_heads, head_dim)
+    values = value_cache.index_select(0, blocks).view(batch, length, num_kv_heads, head_dim)
+    queries = query.view(batch, num_kv_heads, group, head_dim)
+    beyond = (torch.arange(length, device=query.device)[None, :] >= context_lens[:, None])[:, None, :]
+    heads = []
+    for head in range(num_kv_heads):  # GQA: a kv head's query group shares its one read of K and V
+        scores = torch.bmm(queries[:, head], keys[:, :, head].transpose(1, 2)) * scale
+        scores.masked_fill_(beyond, float("-inf"))
+        probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
+        heads.append(torch.bmm(probs, values[:, :, head]))
+    return torch.stack(heads, dim=1).reshape(batch, num_q_heads, head_dim)
 
 
 def paged_prefill_attention(
