@@ -129,24 +129,27 @@ def paged_prefill_attention(
     scale: float,
 ) -> torch.Tensor:
     """Varlen batch of new tokens, query [tokens, q_heads, dim]: each sequence's new tokens attend to its
-    cached prefix in full and to each other causally. Their K/V must already be stored in the pool."""
+    cached prefix in full and to each other causally. Their K/V must already be stored in the pool.
+
+    torch's SDPA per sequence, as transformers computes attention by default: its fused CPU kernel skips
+    the causal half and never holds a [heads, new, len] score matrix, which the matmul-softmax-matmul it
+    replaced did for every layer of a 512-token prompt. A cached prefix makes the mask rectangular: new
+    token i sees the first `prefix + i + 1` positions."""
     num_q_heads, head_dim = query.shape[1], query.shape[2]
-    num_kv_heads = key_cache.shape[2]
-    group = num_q_heads // num_kv_heads
     output = torch.empty_like(query)
     starts, lens = query_start_loc.tolist(), context_lens.tolist()
     for seq, context_len in enumerate(lens):
         begin, end = starts[seq], starts[seq + 1]
         num_new = end - begin
-        keys = _gather_context(key_cache, block_tables[seq], context_len).permute(1, 2, 0)
+        keys = _gather_context(key_cache, block_tables[seq], context_len).transpose(0, 1)  # [kv_heads, len, dim]
         values = _gather_context(value_cache, block_tables[seq], context_len).transpose(0, 1)
-        q = query[begin:end].view(num_new, num_kv_heads, group, head_dim).permute(1, 2, 0, 3)
-        scores = torch.matmul(q, keys.unsqueeze(1)) * scale  # [kv_heads, group, new, len]
+        q = query[begin:end].transpose(0, 1)  # [q_heads, new, dim]
         first_new = context_len - num_new
-        rows = torch.arange(num_new, device=query.device)[:, None] + first_new
-        cols = torch.arange(context_len, device=query.device)[None, :]
-        scores.masked_fill_(cols > rows, float("-inf"))
-        probs = torch.softmax(scores.float(), dim=-1).to(query.dtype)
-        out = torch.matmul(probs, values.unsqueeze(1))  # [kv_heads, group, new, dim]
-        output[begin:end] = out.permute(2, 0, 1, 3).reshape(num_new, num_q_heads, head_dim)
+        mask = None
+        if first_new:
+            rows = torch.arange(num_new, device=query.device)[:, None] + first_new
+            mask = torch.arange(context_len, device=query.device)[None, :] <= rows
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                             enable_gqa=True)  # fmt: skip
+        output[begin:end] = out.transpose(0, 1).reshape(num_new, num_q_heads, head_dim)
     return output
