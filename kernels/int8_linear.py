@@ -34,10 +34,6 @@ class Int8Weight:
     packed: torch.ScriptObject  # fbgemm's prepacked int8 weight, read by quantized::linear_dynamic
     shape: torch.Size  # [out_features, in_features]
 
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cpu")
-
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         """The weight in `dtype`, int8 values times their row's scale: the reference the GEMM is checked
         against."""
