@@ -246,7 +246,8 @@ EOF
 # the tests' own calls) passes untouched. It knows only the in-cluster configuration (the apiserver from
 # KUBERNETES_SERVICE_HOST/PORT, a ServiceAccount token and the CA from
 # /var/run/secrets/kubernetes.io/serviceaccount/), so it runs in a mount namespace of its own, where a
-# tmpfs over /run holds those files and the host's /run is left as it was.
+# tmpfs over /run holds those files and the host's /run is left as it was. --v=2 logs each connection's verdict
+# (a few lines per new connection), what a test that saw one go unanswered prints (real_node.policy_verdicts).
 NETPOL_TABLE=kube-network-policies
 network_policies() {
     kubectl --kubeconfig="$dir/admin.kubeconfig" apply -f - >/dev/null <<EOF
@@ -276,7 +277,7 @@ EOF
     KUBERNETES_SERVICE_HOST="$NODE_IP" KUBERNETES_SERVICE_PORT="$APISERVER_PORT" \
         start kube-network-policies unshare --mount sh -c \
         "mount -t tmpfs -o mode=0755 kvferry-netpol /run && mkdir -p $secrets && cp '$account'/* $secrets/ &&
-         exec '$pods_bin/kube-network-policies' --hostname-override=$NODE_NAME --disable-nri \
+         exec '$pods_bin/kube-network-policies' --hostname-override=$NODE_NAME --disable-nri --v=2 \
              --metrics-bind-address=127.0.0.1:$(free_port)"
     wait_for kube-network-policies 60 nft list table inet "$NETPOL_TABLE"
 }

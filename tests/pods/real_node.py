@@ -93,6 +93,12 @@ class PodsNode(KubeTools):
         assert len(pids) == 1, f"container {container_id} among containerd's tasks:\n{listing}"
         return pids[0]
 
+    def policy_verdicts(self, address: str) -> list[str]:
+        """The NetworkPolicy agent's log lines about connections to or from `address` (it logs each verdict:
+        node.sh runs it with --v=2), for a test that saw a connection go unanswered."""
+        log = self.workdir / "logs" / "kube-network-policies.log"
+        return [line for line in log.read_text(errors="replace").splitlines() if f"{address}:" in line]
+
     def leftovers(self) -> list[str]:
         """Processes, mounts, network namespaces, interfaces, firewall chains and tables the node left behind."""
         found = []

@@ -15,7 +15,12 @@ from pods.served_cluster import CLUSTER, NODE_PORT, ServedCluster
 
 from kvferry.redis_password import with_password
 
-READ_TIMEOUT_S = 5
+# The outsider's read must time out: a short deadline. The member's must be answered: a deadline far above
+# the milliseconds it takes, because a new connection's first packets pass the NetworkPolicy agent's user-space
+# verdict (tests/pods/node.sh), and a SYN it drops is sent again 1, 3, 7 s later; CI once saw the member's
+# read time out at 5 s, on a machine where 16 reads in a row took 7-18 ms.
+OUTSIDER_TIMEOUT_S = 5
+MEMBER_TIMEOUT_S = 30
 # First the prefill pod's HTTP port, until it answers: the node's NetworkPolicy agent drops connections from a
 # pod address it has not learnt yet, which would look like the silence this test is about.
 READER = """
@@ -36,12 +41,14 @@ engine = TransferEngine(TransferConfig(timeout_seconds=timeout, cluster_token=os
 engine.initialize(os.environ["NAME"], os.environ["REGISTRY"], "ucx")
 memory = torch.full((1 << 16,), 7, dtype=torch.uint8)
 engine.register_memory(memory.data_ptr(), memory.numel())
+started = time.monotonic()
 try:
     engine.batch_transfer_read(peer, [memory.data_ptr()], [1 << 20], [memory.numel()])
     outcome = "read"
 except Exception as error:
     outcome = type(error).__name__
-print(json.dumps({"outcome": outcome, "untouched": bool((memory == 7).all())}))
+print(json.dumps({"outcome": outcome, "untouched": bool((memory == 7).all()), "seconds": time.monotonic() - started,
+                  "address": socket.gethostbyname(socket.gethostname())}))
 """
 
 
@@ -50,22 +57,31 @@ def _secret(served: ServedCluster, key: str) -> str:
     return base64.b64decode(secret["data"][key]).decode()
 
 
+def _unanswered(served: ServedCluster, prefill: dict, member: dict[str, object]) -> str:
+    """What a member's unanswered read leaves to go on: the prefill pod's log and the NetworkPolicy agent's
+    verdicts on the member's connections."""
+    log = served.kubectl("logs", prefill["metadata"]["name"], "--tail=40", check=False).stdout
+    verdicts = "\n".join(served.kube.policy_verdicts(str(member["address"]))[-40:])
+    return f"{member}\nprefill log:\n{log}\npolicy verdicts:\n{verdicts}"
+
+
 def test_a_transfer_peer_without_the_cluster_token_gets_no_kv(served: ServedCluster) -> None:
     [prefill] = served.ready_pods("prefill")
     config = json.loads(served.get("configmap", f"{CLUSTER}-config")["data"]["cluster.json"])
     registry = with_password(config["redis"]["url"], _secret(served, "redis-password"))
     before = served.stats(prefill)["transfer"]["unauthenticated_messages"]
 
-    def read(name: str, token: str) -> dict[str, object]:
+    def read(name: str, token: str, timeout_s: float) -> dict[str, object]:
+        """What the reader got ("outcome", "untouched"), how long its read took ("seconds") and its pod's IP."""
         env = {"NAME": name, "REGISTRY": registry, "TOKEN": token}
         return run_in_pod(served, name, "app.kubernetes.io/name=kvferry", READER, prefill["metadata"]["name"],
-                          str(READ_TIMEOUT_S), prefill["status"]["podIP"], str(NODE_PORT), env=env, run_s=60)  # fmt: skip
+                          str(timeout_s), prefill["status"]["podIP"], str(NODE_PORT), env=env, run_s=60)  # fmt: skip
 
-    outsider = read("transfer-outsider", "")
-    assert outsider == {"outcome": "TransferTimeoutError", "untouched": True}, outsider
+    outsider = read("transfer-outsider", "", OUTSIDER_TIMEOUT_S)
+    assert (outsider["outcome"], outsider["untouched"]) == ("TransferTimeoutError", True), outsider
     counted = served.stats(prefill)["transfer"]["unauthenticated_messages"]
     assert counted > before
 
-    member = read("transfer-member", _secret(served, "cluster-token"))
-    assert member == {"outcome": "TransferRejectedError", "untouched": True}, member
+    member = read("transfer-member", _secret(served, "cluster-token"), MEMBER_TIMEOUT_S)
+    assert (member["outcome"], member["untouched"]) == ("TransferRejectedError", True), _unanswered(served, prefill, member)
     assert served.stats(prefill)["transfer"]["unauthenticated_messages"] == counted
