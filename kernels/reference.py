@@ -18,8 +18,8 @@ def rms_norm(
     """Residual add then RMSNorm; returns (normalized, new residual). Variance is taken in float32."""
     if residual is not None:
         x = x + residual
-    if x.dtype == torch.float32:  # the same arithmetic without the conversions, each an op call on the CPU
-        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)), x
+    if x.dtype == torch.float32:  # torch's own: the same bits in one op call where this takes seven
+        return F.rms_norm(x, x.shape[-1:], weight, eps), x
     variance = x.float().pow(2).mean(-1, keepdim=True)
     normalized = x.float() * torch.rsqrt(variance + eps)
     return weight * normalized.to(x.dtype), x
