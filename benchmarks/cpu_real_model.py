@@ -17,6 +17,10 @@ very file. For those two, agreement with llama.cpp on the same file: 8 English p
 top-1 after each prefix of llama.cpp's greedy reply (teacher-forced), with kvferry float32 on the same file
 (its weights dequantized exactly) as the measure of what the formats' arithmetic alone parts.
 
+bfloat16 rows: kvferry with `--dtype bfloat16` (oneDNN's bfloat16 kernels, where this CPU has them:
+kernels/cpu_linear.py) and llama.cpp on a BF16 GGUF that convert_hf_to_gguf.py writes from the same import,
+with the same teacher-forced agreement between the two.
+
 llama-cpp-python is not a dependency of kvferry: `make bench-llama-cpp` builds it from source (about ten
 minutes here); its source distribution carries the convert script, unpacked once into the kvferry cache.
 
@@ -74,6 +78,8 @@ AGREEMENT_PROMPTS = (
     "Water boils at",
 )
 AGREEMENT_TOKENS = 64
+# The engines the agreement runs again after their rows: kept, where the others go once measured.
+AGREEMENT_ENGINES = ("llama.cpp Q8_0 GGUF", "kvferry int8 on the Q8_0 GGUF", "llama.cpp BF16 GGUF", "kvferry bfloat16")
 
 
 def prompts(vocab: int, sizes: Sizes) -> dict[str, list[list[int]]]:
@@ -113,8 +119,8 @@ def rows_from(
     }, tokens
 
 
-def kvferry_generate(model: Path, quantization: str | None = None) -> Generate:
-    llm = LLM(model, dtype="float32", quantization=quantization)
+def kvferry_generate(model: Path, quantization: str | None = None, dtype: str = "float32") -> Generate:
+    llm = LLM(model, dtype=dtype, quantization=quantization)
 
     def generate(batch: list[list[int]], new_tokens: int) -> list[list[int]]:
         params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
@@ -239,7 +245,7 @@ def convert_script() -> Path:
 
 
 def converted_gguf(model: Path, outtype: str) -> Path:
-    """The model folder written as a GGUF of `outtype` (f32, q8_0) by llama.cpp's own convert script, once."""
+    """The model folder written as a GGUF of `outtype` (f32, bf16, q8_0) by llama.cpp's own convert script, once."""
     out = CACHE / "models" / f"{model.name}-{outtype}.gguf"
     if not out.is_file():
         script = convert_script()
@@ -282,15 +288,17 @@ def main(argv: list[str] | None = None) -> int:
         "transformers float32": lambda: transformers_generate(model),
         "llama.cpp F32 GGUF": lambda: llama_cpp_generate(converted_gguf(model, "f32"), sizes),
         "llama.cpp Q4_1 GGUF": lambda: llama_cpp_generate(q4, sizes),
+        "kvferry bfloat16": lambda: kvferry_generate(model, dtype="bfloat16"),
+        "llama.cpp BF16 GGUF": lambda: llama_cpp_generate(converted_gguf(model, "bf16"), sizes),
         "kvferry int8": lambda: kvferry_generate(model, "int8"),
         "llama.cpp Q8_0 GGUF": lambda: llama_cpp_generate(converted_gguf(model, "q8_0"), sizes),
         "kvferry int8 on the Q8_0 GGUF": lambda: kvferry_generate(converted_gguf(model, "q8_0"), "int8"),
     }
     rows, reference = [], None
-    kept: dict[str, Generate] = {}  # the two engines the agreement needs; the others go once measured
+    kept: dict[str, Generate] = {}
     for name, make in engines.items():
         generate = make()
-        if name in ("llama.cpp Q8_0 GGUF", "kvferry int8 on the Q8_0 GGUF"):
+        if name in AGREEMENT_ENGINES:
             kept[name] = generate
         measured, tokens = rows_from(generate, cases, sizes)
         reference = reference or tokens
@@ -303,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         print(rows[-1], flush=True)
     # The same Q8_0 file on both engines: kvferry int8, and kvferry float32 (the file dequantized exactly),
-    # each teacher-forced on llama.cpp's greedy replies.
+    # each teacher-forced on llama.cpp's greedy replies; and bfloat16 on both, from the same weights.
     agreement_cases = agreement_prompts(model, 2 if args.quick else len(AGREEMENT_PROMPTS))
     tokens = sizes.batch_tokens if args.quick else AGREEMENT_TOKENS
     llama_q8 = kept["llama.cpp Q8_0 GGUF"]
@@ -318,13 +326,21 @@ def main(argv: list[str] | None = None) -> int:
         ),
     }
     print(f"top-1 agreement with llama.cpp on the Q8_0 file: {agreement}", flush=True)
+    bf16_agreement = {
+        "prompts": len(agreement_cases),
+        "tokens": tokens,
+        "kvferry bfloat16": teacher_forced_agreement(
+            kept["llama.cpp BF16 GGUF"], kept["kvferry bfloat16"], agreement_cases, tokens
+        ),
+    }
+    print(f"top-1 agreement with llama.cpp BF16: {bf16_agreement}", flush=True)
     baseline = rows[0]["variant"]
     rows = with_ratios(rows, baseline, ["decode_tok_s", "concurrent_tok_s"])
     print_table(rows, list(rows[0]))
     params = {"model": "SmolLM2-135M-Instruct", "sizes": asdict(sizes)}
     result = new_result(
         "cpu_real_model", params, rows, baseline=baseline, environment={**environment(), "threads": THREADS},
-        summary={"top1_agreement_with_llama_cpp_q8_0": agreement},
+        summary={"top1_agreement_with_llama_cpp_q8_0": agreement, "top1_agreement_with_llama_cpp_bf16": bf16_agreement},
     )
     print(f"wrote {write_result(result, output_dir(args))}")
     return 0

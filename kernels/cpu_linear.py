@@ -6,6 +6,10 @@ one. oneDNN's kernel, on a copy of the weight reordered once into its blocked la
 at GEMV speed or better for any small row count. The packed copy is made on a weight's first small call
 and lives as long as the weight: a decode node holds its matmul weights twice, a prefill node (whose
 calls are large) once. From a few hundred rows on MKL's GEMM is as fast, and prefill stays there.
+
+bfloat16 takes the same path where oneDNN has bfloat16 kernels for this CPU (AVX-512 BF16 or AMX): half
+the bytes of float32 to read a token, and, for sixteen rows or the LM head, half the time of `F.linear`
+on the same bfloat16 weights (docs/benchmarks.md, "The real model on the CPU").
 """
 
 from __future__ import annotations
@@ -19,15 +23,25 @@ PACKED_MAX_ROWS = 256
 _packed_weights: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
+def _packed_dtypes() -> frozenset[torch.dtype]:
+    if not torch.backends.mkldnn.is_available():
+        return frozenset()
+    bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    return frozenset({torch.float32, torch.bfloat16} if bf16 else {torch.float32})
+
+
+# Asked once: the answer is the CPU's and torch's, and a decode step asks a few hundred times.
+PACKED_DTYPES = _packed_dtypes()
+
+
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether this call takes the packed path: float32 on the CPU, 2-D input of a few rows."""
+    """Whether this call takes the packed path: a packed dtype on the CPU, 2-D input of a few rows."""
     return (
-        x.dtype == torch.float32
-        and weight.dtype == torch.float32
+        x.dtype in PACKED_DTYPES
+        and weight.dtype == x.dtype
         and x.device.type == "cpu"
         and x.dim() == 2
         and 1 <= x.shape[0] <= PACKED_MAX_ROWS
-        and torch.backends.mkldnn.is_available()
     )
 
 

@@ -26,15 +26,27 @@ def test_packed_linear_matches_f_linear_within_float32_rounding(rows, with_bias)
     )
 
 
+@pytest.mark.skipif(torch.bfloat16 not in cpu_linear.PACKED_DTYPES, reason="oneDNN has no bfloat16 kernels here")
+@pytest.mark.parametrize("rows", [1, 16])
+def test_bfloat16_takes_the_packed_path_and_matches_float32_within_bfloat16_rounding(rows):
+    generator = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 96, generator=generator).bfloat16()
+    weight = torch.randn(160, 96, generator=generator).bfloat16()
+    assert cpu_linear.applies(x, weight)
+    exact = F.linear(x.float(), weight.float())  # the bfloat16 inputs' products, summed in float32
+    torch.testing.assert_close(dispatch.linear(x, weight).float(), exact, rtol=1e-2, atol=5e-2)
+
+
 @pytest.mark.parametrize(
     ("x", "weight"),
     [
         (torch.ones(cpu_linear.PACKED_MAX_ROWS + 1, 8), torch.ones(4, 8)),  # a prefill chunk: MKL's GEMM
-        (torch.ones(2, 8, dtype=torch.bfloat16), torch.ones(4, 8, dtype=torch.bfloat16)),
+        (torch.ones(2, 8, dtype=torch.float16), torch.ones(4, 8, dtype=torch.float16)),
+        (torch.ones(2, 8, dtype=torch.bfloat16), torch.ones(4, 8)),
         (torch.ones(2, 3, 8), torch.ones(4, 8)),
         (torch.ones(0, 8), torch.ones(4, 8)),
     ],
-    ids=["many-rows", "bfloat16", "three-dims", "no-rows"],
+    ids=["many-rows", "float16", "mixed-dtypes", "three-dims", "no-rows"],
 )
 def test_other_calls_keep_f_linear(x, weight):
     assert not cpu_linear.applies(x, weight)
