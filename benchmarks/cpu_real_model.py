@@ -17,6 +17,10 @@ very file. For those two, agreement with llama.cpp on the same file: 8 English p
 top-1 after each prefix of llama.cpp's greedy reply (teacher-forced), with kvferry float32 on the same file
 (its weights dequantized exactly) as the measure of what the formats' arithmetic alone parts.
 
+Each row also says how many weight bytes a decode step reads and the batch-1 rate that reading them once a
+token at this process's measured memory read bandwidth allows (`bandwidth_bound_tok_s`), the bound every
+engine's batch-1 decode sits under.
+
 bfloat16 rows: kvferry with `--dtype bfloat16` (oneDNN's bfloat16 kernels, where this CPU has them:
 kernels/cpu_linear.py) and llama.cpp on a BF16 GGUF that convert_hf_to_gguf.py writes from the same import,
 with the same teacher-forced agreement between the two.
@@ -258,6 +262,36 @@ def converted_gguf(model: Path, outtype: str) -> Path:
     return out
 
 
+def parameter_count(model: Path) -> int:
+    """The model folder's parameters, from its safetensors headers."""
+    from safetensors import safe_open
+
+    count = 0
+    for shard in model.glob("*.safetensors"):
+        with safe_open(shard, "pt") as tensors:
+            count += sum(numpy.prod(tensors.get_slice(name).get_shape()) for name in tensors.keys())
+    return int(count)
+
+
+def gguf_bytes(path: Path) -> int:
+    """The bytes of a GGUF's tensors, as the file stores them (quantized blocks with their scales)."""
+    from gguf import GGUFReader
+
+    return sum(int(tensor.n_bytes) for tensor in GGUFReader(path).tensors)
+
+
+def read_bandwidth() -> float:
+    """Bytes a second that this process's threads read from memory: the best of five sums over 1 GiB."""
+    data = torch.ones(1 << 28)
+    data.sum()  # pages touched before timing
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        data.sum()
+        best = min(best, time.perf_counter() - start)
+    return data.numel() * data.element_size() / best
+
+
 def agreement_prompts(model: Path, count: int) -> list[list[int]]:
     from transformers import AutoTokenizer
 
@@ -283,20 +317,24 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else Sizes()
     model, q4 = default_model(), default_gguf()
     cases = prompts(49152, sizes)
-    engines = {
-        "kvferry float32": lambda: kvferry_generate(model),
-        "transformers float32": lambda: transformers_generate(model),
-        "llama.cpp F32 GGUF": lambda: llama_cpp_generate(converted_gguf(model, "f32"), sizes),
-        "llama.cpp Q4_1 GGUF": lambda: llama_cpp_generate(q4, sizes),
-        "kvferry bfloat16": lambda: kvferry_generate(model, dtype="bfloat16"),
-        "llama.cpp BF16 GGUF": lambda: llama_cpp_generate(converted_gguf(model, "bf16"), sizes),
-        "kvferry int8": lambda: kvferry_generate(model, "int8"),
-        "llama.cpp Q8_0 GGUF": lambda: llama_cpp_generate(converted_gguf(model, "q8_0"), sizes),
-        "kvferry int8 on the Q8_0 GGUF": lambda: kvferry_generate(converted_gguf(model, "q8_0"), "int8"),
-    }
+    parameters = parameter_count(model)
+    # Each engine, and the weight bytes one decode step reads (every weight: the LM head is the embedding).
+    engines: dict[str, tuple[Callable[[], Generate], float]] = {
+        "kvferry float32": (lambda: kvferry_generate(model), 4 * parameters),
+        "transformers float32": (lambda: transformers_generate(model), 4 * parameters),
+        "llama.cpp F32 GGUF": (lambda: llama_cpp_generate(converted_gguf(model, "f32"), sizes), gguf_bytes(converted_gguf(model, "f32"))),
+        "llama.cpp Q4_1 GGUF": (lambda: llama_cpp_generate(q4, sizes), gguf_bytes(q4)),
+        "kvferry bfloat16": (lambda: kvferry_generate(model, dtype="bfloat16"), 2 * parameters),
+        "llama.cpp BF16 GGUF": (lambda: llama_cpp_generate(converted_gguf(model, "bf16"), sizes), gguf_bytes(converted_gguf(model, "bf16"))),
+        "kvferry int8": (lambda: kvferry_generate(model, "int8"), parameters),
+        "llama.cpp Q8_0 GGUF": (lambda: llama_cpp_generate(converted_gguf(model, "q8_0"), sizes), gguf_bytes(converted_gguf(model, "q8_0"))),
+        "kvferry int8 on the Q8_0 GGUF": (lambda: kvferry_generate(converted_gguf(model, "q8_0"), "int8"), parameters),
+    }  # fmt: skip
+    bandwidth = read_bandwidth()
+    print(f"memory read bandwidth: {bandwidth / 1e9:.1f} GB/s", flush=True)
     rows, reference = [], None
     kept: dict[str, Generate] = {}
-    for name, make in engines.items():
+    for name, (make, weight_bytes) in engines.items():
         generate = make()
         if name in AGREEMENT_ENGINES:
             kept[name] = generate
@@ -306,9 +344,13 @@ def main(argv: list[str] | None = None) -> int:
         same = next(
             (i for i, (a, b) in enumerate(zip(tokens, reference, strict=True)) if a != b), len(tokens)
         )
+        # What bounds batch-1 decode: reading every weight once a token at the measured bandwidth.
+        bound = bandwidth / weight_bytes
         rows.append(
-            {"variant": name, "engine": name, **measured, "same_tokens_as_kvferry": f"{same}/{len(tokens)}"}
-        )
+            {"variant": name, "engine": name, **measured, "same_tokens_as_kvferry": f"{same}/{len(tokens)}",
+             "weight_mb_per_token": round(weight_bytes / 1e6), "bandwidth_bound_tok_s": round(bound, 1),
+             "decode_share_of_bound": round(measured["decode_tok_s"] / bound, 2)}
+        )  # fmt: skip
         print(rows[-1], flush=True)
     # The same Q8_0 file on both engines: kvferry int8, and kvferry float32 (the file dequantized exactly),
     # each teacher-forced on llama.cpp's greedy replies; and bfloat16 on both, from the same weights.
@@ -340,7 +382,11 @@ def main(argv: list[str] | None = None) -> int:
     params = {"model": "SmolLM2-135M-Instruct", "sizes": asdict(sizes)}
     result = new_result(
         "cpu_real_model", params, rows, baseline=baseline, environment={**environment(), "threads": THREADS},
-        summary={"top1_agreement_with_llama_cpp_q8_0": agreement, "top1_agreement_with_llama_cpp_bf16": bf16_agreement},
+        summary={
+            "top1_agreement_with_llama_cpp_q8_0": agreement,
+            "top1_agreement_with_llama_cpp_bf16": bf16_agreement,
+            "memory_read_gb_s": round(bandwidth / 1e9, 1),
+        },
     )
     print(f"wrote {write_result(result, output_dir(args))}")
     return 0
