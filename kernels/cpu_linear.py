@@ -14,13 +14,16 @@ on the same bfloat16 weights (docs/benchmarks.md, "The real model on the CPU").
 
 from __future__ import annotations
 
+import weakref
+
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 # Up to this many rows the packed kernel was faster on one core; at 2048 rows MKL's GEMM was.
 PACKED_MAX_ROWS = 256
 
-_packed_weights: WeakIdKeyDictionary = WeakIdKeyDictionary()
+# id(weight) -> its packed copy, dropped by a finalizer when the weight goes (before its id can be reused). A
+# plain dict: torch's WeakIdKeyDictionary made a weak reference for every lookup, a few microseconds a call.
+_packed_weights: dict[int, torch.Tensor] = {}
 
 
 def _packed_dtypes() -> frozenset[torch.dtype]:
@@ -47,8 +50,9 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T (+ bias) with the weight's packed copy, packing it on first use."""
-    packed = _packed_weights.get(weight)
+    packed = _packed_weights.get(id(weight))
     if packed is None:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight)
-        _packed_weights[weight] = packed
+        _packed_weights[id(weight)] = packed
+        weakref.finalize(weight, _packed_weights.pop, id(weight), None)
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
