@@ -1,11 +1,12 @@
 """CPU time of one decode step for batches of 1-8 sequences: oneDNN's prepacked linear against F.linear.
 
-The `small` checkpoint, float32, one torch thread, 512-token prompts, 16 decode steps per batch; the two
+The `small` checkpoint (`--model smollm2`: the real default model), float32, one torch thread (`--threads`),
+512-token prompts, 16 decode steps per batch; the two
 matmul paths take turns batch by batch in one process (`kernels/cpu_linear.PACKED_MAX_ROWS` set to 0
 sends every call to F.linear). CPU time of the process, not wall time: other jobs on a shared machine
 stretch wall time far more. Writes `benchmarks/results/cpu_decode_steps.json`.
 
-    .venv/bin/python -m benchmarks.cpu_decode_steps [--rounds 2]
+    .venv/bin/python -m benchmarks.cpu_decode_steps [--rounds 2] [--threads 2] [--model smollm2]
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from benchmarks.harness.environment import cached_model, environment
 from benchmarks.harness.results import new_result, params_of, write_result
 from benchmarks.harness.table import print_table
 from kvferry.engine import LLM, SamplingParams
+from kvferry.engine.model_source import default_model
 from kvferry.kernels import cpu_linear
 
 BATCHES = (1, 2, 3, 4, 8)
@@ -49,9 +51,12 @@ def median_step_ms(llm: LLM, batch: int, packed_rows: int, rng: random.Random) -
 def main(argv: list[str] | None = None) -> int:
     parser = benchmark_parser(__doc__, "cpu_decode_steps")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--model", choices=("small", "smollm2"), default="small")
     args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    llm = LLM(cached_model("llama", "small"), dtype="float32", max_model_len=2048)
+    torch.set_num_threads(args.threads)
+    model = cached_model("llama", "small") if args.model == "small" else default_model()
+    llm = LLM(model, dtype="float32", max_model_len=2048)
     rng = random.Random(0)
     packed_rows = cpu_linear.PACKED_MAX_ROWS
     samples: dict[tuple[int, str], list[float]] = {}
