@@ -24,13 +24,13 @@ def cluster(tiny_models):
     cluster.stop()
 
 
-def _call(router: str, seed: int) -> tuple[int, float, dict[str, str], int]:
+def _call(client: httpx.Client, router: str, seed: int) -> tuple[int, float, dict[str, str], int]:
+    """(status, when the answer had come, in monotonic seconds, headers, completion tokens)."""
     body = {"model": MODEL_NAME, "prompt": [seed % 1000 + 1] * 20, "max_tokens": MAX_TOKENS, "temperature": 0,
             "ignore_eos": True}
-    started = time.monotonic()
-    response = httpx.post(f"{router}/v1/completions", json=body, timeout=120)
+    response = client.post(f"{router}/v1/completions", json=body)
     tokens = response.json()["usage"]["completion_tokens"] if response.status_code == 200 else 0
-    return response.status_code, time.monotonic() - started, dict(response.headers), tokens
+    return response.status_code, time.monotonic(), dict(response.headers), tokens
 
 
 def _rss_kib(pid: int) -> int:
@@ -41,8 +41,11 @@ def _rss_kib(pid: int) -> int:
 
 
 def _wave(cluster: DisaggregatedCluster, first_seed: int) -> list[tuple[int, float, dict[str, str], int]]:
-    with ThreadPoolExecutor(WAVE) as pool:
-        return list(pool.map(lambda s: _call(cluster.router, s), range(first_seed, first_seed + WAVE)))
+    # One client for the wave: a client made per call built its TLS context under the GIL, and 24 of them in
+    # a row once held a refusal's answer back 1.3 s.
+    with (httpx.Client(timeout=120, limits=httpx.Limits(max_connections=WAVE)) as client,
+          ThreadPoolExecutor(WAVE) as pool):  # fmt: skip
+        return list(pool.map(lambda s: _call(client, cluster.router, s), range(first_seed, first_seed + WAVE)))
 
 
 def test_excess_is_refused_fast_with_retry_after_and_admitted_requests_complete(cluster):
@@ -52,10 +55,10 @@ def test_excess_is_refused_fast_with_retry_after_and_admitted_requests_complete(
     assert len(refused) + len(admitted) == WAVE, [r[0] for r in results]
     assert len(refused) >= WAVE // 2  # at most the limit runs at a time; the burst far exceeds it
     assert all(int(headers["retry-after"]) >= 1 for _, _, headers, _ in refused)
-    # Refused at once, not after queueing: in a fraction of the time an admitted request takes (relative,
-    # since this machine's speed varies with its load).
-    typical_admitted = sorted(seconds for _, seconds, _, _ in admitted)[len(admitted) // 2]
-    assert max(seconds for _, seconds, _, _ in refused) < typical_admitted / 2
+    # Refused at once, not after queueing: every refusal is back while all the admitted requests still run
+    # (400 tokens each); one that waited for a slot to free could not be. An order, not a time: the ratio of
+    # times this asserted before failed once on a loaded machine.
+    assert max(done for _, done, _, _ in refused) < min(done for _, done, _, _ in admitted)
     assert all(tokens == MAX_TOKENS for _, _, _, tokens in admitted)
     for node in ("prefill-0", "decode-0"):
         cluster.wait_until(lambda n=node: idle(cluster.stats(n)), 30, f"{node} idle after the wave")
