@@ -318,18 +318,19 @@ def main(argv: list[str] | None = None) -> int:
     model, q4 = default_model(), default_gguf()
     cases = prompts(49152, sizes)
     parameters = parameter_count(model)
+    f32, bf16, q8 = (converted_gguf(model, outtype) for outtype in ("f32", "bf16", "q8_0"))
     # Each engine, and the weight bytes one decode step reads (every weight: the LM head is the embedding).
     engines: dict[str, tuple[Callable[[], Generate], float]] = {
         "kvferry float32": (lambda: kvferry_generate(model), 4 * parameters),
         "transformers float32": (lambda: transformers_generate(model), 4 * parameters),
-        "llama.cpp F32 GGUF": (lambda: llama_cpp_generate(converted_gguf(model, "f32"), sizes), gguf_bytes(converted_gguf(model, "f32"))),
+        "llama.cpp F32 GGUF": (lambda: llama_cpp_generate(f32, sizes), gguf_bytes(f32)),
         "llama.cpp Q4_1 GGUF": (lambda: llama_cpp_generate(q4, sizes), gguf_bytes(q4)),
         "kvferry bfloat16": (lambda: kvferry_generate(model, dtype="bfloat16"), 2 * parameters),
-        "llama.cpp BF16 GGUF": (lambda: llama_cpp_generate(converted_gguf(model, "bf16"), sizes), gguf_bytes(converted_gguf(model, "bf16"))),
+        "llama.cpp BF16 GGUF": (lambda: llama_cpp_generate(bf16, sizes), gguf_bytes(bf16)),
         "kvferry int8": (lambda: kvferry_generate(model, "int8"), parameters),
-        "llama.cpp Q8_0 GGUF": (lambda: llama_cpp_generate(converted_gguf(model, "q8_0"), sizes), gguf_bytes(converted_gguf(model, "q8_0"))),
-        "kvferry int8 on the Q8_0 GGUF": (lambda: kvferry_generate(converted_gguf(model, "q8_0"), "int8"), parameters),
-    }  # fmt: skip
+        "llama.cpp Q8_0 GGUF": (lambda: llama_cpp_generate(q8, sizes), gguf_bytes(q8)),
+        "kvferry int8 on the Q8_0 GGUF": (lambda: kvferry_generate(q8, "int8"), parameters),
+    }
     bandwidth = read_bandwidth()
     print(f"memory read bandwidth: {bandwidth / 1e9:.1f} GB/s", flush=True)
     rows, reference = [], None
@@ -364,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
             llama_q8, kept["kvferry int8 on the Q8_0 GGUF"], agreement_cases, tokens
         ),
         "kvferry float32 on the Q8_0 GGUF": teacher_forced_agreement(
-            llama_q8, kvferry_generate(converted_gguf(model, "q8_0")), agreement_cases, tokens
+            llama_q8, kvferry_generate(q8), agreement_cases, tokens
         ),
     }
     print(f"top-1 agreement with llama.cpp on the Q8_0 file: {agreement}", flush=True)

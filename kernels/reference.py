@@ -82,10 +82,11 @@ def apply_rope_and_store_kv(
 
 
 def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first `length` tokens' [length, kv_heads, dim] of one sequence, read through its block table."""
+    """The first `length` tokens' [length, kv_heads, dim] of one sequence, read through its block table
+    (`index_select`: a row copy per block, where advanced indexing took twice as long)."""
     block_size = cache.shape[1]
     num_blocks = -(-length // block_size)
-    return cache[block_table[:num_blocks]].flatten(0, 1)[:length]
+    return cache.index_select(0, block_table[:num_blocks]).flatten(0, 1)[:length]
 
 
 def paged_decode_attention(
@@ -98,8 +99,7 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """One query token per sequence, query [batch, q_heads, dim], attending to its whole paged context.
 
-    The context's blocks are gathered once per cache with `index_select` (a row copy per block; advanced
-    indexing took twice as long) and read by torch's SDPA as strided [batch, kv_heads, len, dim] views, as
+    The context's blocks are gathered once per cache with `index_select` and read by torch's SDPA as strided [batch, kv_heads, len, dim] views, as
     transformers computes attention by default: one fused call for every head, where a matmul, a mask, a
     softmax and a matmul per kv head took twice as long for one sequence. One sequence reads exactly its
     length; a batch reads up to its longest, each sequence masked to its own."""
@@ -107,9 +107,8 @@ def paged_decode_attention(
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     if batch == 1:
         length = int(context_lens[0])
-        blocks = block_tables[0, : -(-length // block_size)]
-        keys = key_cache.index_select(0, blocks).flatten(0, 1)[:length].transpose(0, 1)  # [kv_heads, len, dim]
-        values = value_cache.index_select(0, blocks).flatten(0, 1)[:length].transpose(0, 1)
+        keys = _gather_context(key_cache, block_tables[0], length).transpose(0, 1)  # [kv_heads, len, dim]
+        values = _gather_context(value_cache, block_tables[0], length).transpose(0, 1)
         out = F.scaled_dot_product_attention(query.transpose(0, 1), keys, values, scale=scale, enable_gqa=True)
         return out.transpose(0, 1)
     num_blocks = -(-int(context_lens.max()) // block_size)
