@@ -30,12 +30,19 @@ from kvferry.kernels.triton_attention_common import (
 # batch 64 x 4k, 64 spans of 64 tokens ran 30% slower than 1 span (benchmarks/kernels.py --tune).
 MIN_SPLIT_TOKENS = 256
 MAX_SPLITS = 64
-PROGRAMS_PER_SM = 4
+# About two programs per multiprocessor: on an H100 at batch 1 (8 kv heads) 32 spans beat 16, 48 and 64 at
+# 4k-64k context (16k: 31 us against 38 at 64), and batch 16 ran best at 2-4 spans (benchmarks/kernels.py
+# --tune).
+PROGRAMS_PER_SM = 2
+# The most (head, span) rows of partial outputs the merge loads at once: [128, head_dim] float32 is 128
+# registers a thread at 4 warps; more spill.
+MERGE_ROWS = 128
 
 
 @dataclass(frozen=True)
 class DecodeTiling:
-    """The defaults were within noise of the best of 18 tilings on an H200 (--tune, bf16, head dim 128)."""
+    """The defaults were within noise of the best of 18 tilings on an H200 (--tune, bf16, head dim 128)
+    for unsplit batches (batch 64 x 4k, 256 x 1k)."""
 
     block_n: int = 64  # context tokens per tile
     num_warps: int = 4
@@ -43,31 +50,42 @@ class DecodeTiling:
 
 
 DEFAULT_TILING = DecodeTiling()
+# Split launches run about two programs per multiprocessor, so each program needs more bytes in flight:
+# 128-token tiles were the fastest of 5 tilings at batch 1 from 4k to 64k context on an H100 (16k: 31 us
+# against 34 with 64-token tiles) and level at batch 16; unsplit, 64-token tiles stay ahead (batch 64 x 4k:
+# 362 us against 377).
+SPLIT_TILING = DecodeTiling(block_n=128)
 
 
 @triton.jit
 def _merge_spans(partial_out_ptr, partial_lse_ptr, out_ptr, seq, kv_head, group, dims, dim_mask, num_splits,
                  stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, stride_ob, stride_oh, stride_od,
-                 BLOCK_S: tl.constexpr):  # fmt: skip
-    """Weigh the spans' partial outputs by their log-sum-exps, a query head at a time, every span of the
-    head in one load: walking the spans one after another made each a dependent round trip to L2, which at
-    64 spans cost more than the whole batch-1 attention at 16k context. The partials come from other
-    programs, so they are read from L2 (.cg), never from a stale L1 line."""
+                 BLOCK_M: tl.constexpr, MERGE_M: tl.constexpr, BLOCK_S: tl.constexpr):  # fmt: skip
+    """Weigh the spans' partial outputs by their log-sum-exps, MERGE_M query heads of the group and every
+    span in one load. The merge is on the critical path of the last program, where a head at a time made
+    each head a dependent round trip to L2 (about 3 us of a 35 us batch-1 attention at 16k context on an
+    H100), and a span at a time, before that, cost more than the whole attention. MERGE_M keeps a load to
+    128 (head, span) rows of partials: more spilled registers. The partials come from other programs, so
+    they are read from L2 (.cg), never from a stale L1 line."""
     splits = tl.arange(0, BLOCK_S)
-    split_mask = splits < num_splits
-    for member in range(group):
-        head = kv_head * group + member
-        # The first span always holds a key, so `best` is finite, and an empty span (log-sum-exp -inf) and
-        # the padding past num_splits weigh zero.
-        lse = tl.load(partial_lse_ptr + seq * stride_plb + head * stride_plh + splits, mask=split_mask,
-                      other=float("-inf"), cache_modifier=".cg")  # fmt: skip
-        weight = tl.exp2(lse - tl.max(lse, axis=0))
-        parts = tl.load(partial_out_ptr + seq * stride_pob + head * stride_poh + splits[:, None] * stride_pos
-                        + dims[None, :], mask=split_mask[:, None] & dim_mask[None, :], other=0.0,
-                        cache_modifier=".cg")  # fmt: skip
-        out = tl.sum(parts * weight[:, None], axis=0) / tl.sum(weight, axis=0)
-        tl.store(out_ptr + seq * stride_ob + head * stride_oh + dims * stride_od, out.to(out_ptr.dtype.element_ty),
-                 mask=dim_mask)  # fmt: skip
+    for first in tl.static_range(0, BLOCK_M, MERGE_M):
+        members = first + tl.arange(0, MERGE_M)
+        member_mask = members < group
+        heads = kv_head * group + members
+        lse_mask = member_mask[:, None] & (splits < num_splits)[None, :]
+        # A head's first span always holds a key, so its `best` is finite; an empty span (log-sum-exp -inf)
+        # and the padding past num_splits weigh zero. Padded members get a finite `best` and are not stored.
+        lse = tl.load(partial_lse_ptr + seq * stride_plb + heads[:, None] * stride_plh + splits[None, :],
+                      mask=lse_mask, other=float("-inf"), cache_modifier=".cg")  # fmt: skip
+        best = tl.where(member_mask, tl.max(lse, axis=1), 0.0)
+        weight = tl.exp2(lse - best[:, None])
+        parts = tl.load(partial_out_ptr + seq * stride_pob + heads[:, None, None] * stride_poh
+                        + splits[None, :, None] * stride_pos + dims[None, None, :],
+                        mask=lse_mask[:, :, None] & dim_mask[None, None, :], other=0.0, cache_modifier=".cg")  # fmt: skip
+        total = tl.where(member_mask, tl.sum(weight, axis=1), 1.0)
+        out = tl.sum(parts * weight[:, :, None], axis=1) / total[:, None]
+        tl.store(out_ptr + seq * stride_ob + heads[:, None] * stride_oh + dims[None, :] * stride_od,
+                 out.to(out_ptr.dtype.element_ty), mask=member_mask[:, None] & dim_mask[None, :])  # fmt: skip
 
 
 @triton.jit
@@ -109,6 +127,8 @@ def _decode_kernel(
     head_dim,
     PAGE_SIZE: tl.constexpr,
     BLOCK_G: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    MERGE_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
@@ -165,7 +185,7 @@ def _decode_kernel(
         if ticket == num_splits - 1:
             _merge_spans(partial_out_ptr, partial_lse_ptr, out_ptr, seq, kv_head, group, dims, dim_mask, num_splits,
                          stride_pob, stride_poh, stride_pos, stride_plb, stride_plh, stride_ob, stride_oh, stride_od,
-                         BLOCK_S)  # fmt: skip
+                         BLOCK_M, MERGE_M, BLOCK_S)  # fmt: skip
             tl.atomic_xchg(counter, 0, sem="relaxed", scope="gpu")  # ready for the next launch
 
 
@@ -186,9 +206,12 @@ def split_counters(count: int, device: torch.device) -> torch.Tensor:
 
 
 def choose_num_splits(batch: int, num_kv_heads: int, max_context: int, device: torch.device) -> int:
-    """Enough spans for a few programs per multiprocessor, none shorter than MIN_SPLIT_TOKENS."""
-    wanted = triton.cdiv(PROGRAMS_PER_SM * device_multiprocessors(device), batch * num_kv_heads)
-    return max(1, min(wanted, triton.cdiv(max_context, MIN_SPLIT_TOKENS), MAX_SPLITS))
+    """About PROGRAMS_PER_SM programs per multiprocessor, no span shorter than MIN_SPLIT_TOKENS, rounded
+    down to a power of two: a count just past one pads the merge's span axis to the next and leaves a span
+    empty (33 spans at batch 1 x 16k on an H100's 132 multiprocessors: 33.6 us, against 31.2 for 32)."""
+    wanted = PROGRAMS_PER_SM * device_multiprocessors(device) // (batch * num_kv_heads)
+    splits = max(1, min(wanted, triton.cdiv(max_context, MIN_SPLIT_TOKENS), MAX_SPLITS))
+    return 1 << (splits.bit_length() - 1)
 
 
 def paged_decode_attention(
@@ -200,7 +223,7 @@ def paged_decode_attention(
     scale: float,
     out: torch.Tensor | None = None,
     num_splits: int | None = None,
-    tiling: DecodeTiling = DEFAULT_TILING,
+    tiling: DecodeTiling | None = None,
 ) -> torch.Tensor:
     """query [batch, q_heads, dim]; caches [num_blocks, block_size, kv_heads, dim] (any strides);
     block_tables [batch, max_blocks]; context_lens [batch], each at least 1. Returns [batch, q_heads, dim]
@@ -214,6 +237,9 @@ def paged_decode_attention(
         return out
     if num_splits is None:
         num_splits = choose_num_splits(batch, num_kv_heads, block_tables.shape[1] * page_size, query.device)
+    if tiling is None:
+        tiling = SPLIT_TILING if num_splits > 1 else DEFAULT_TILING
+    block_m, block_s = triton.next_power_of_2(group), max(2, triton.next_power_of_2(num_splits))
     partial_out = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
     partial_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=query.device)
     _decode_kernel[(batch, num_kv_heads, num_splits)](
@@ -240,9 +266,11 @@ def paged_decode_attention(
         head_dim,
         PAGE_SIZE=page_size,
         BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_M=block_m,
+        MERGE_M=max(1, min(block_m, MERGE_ROWS // block_s)),
         BLOCK_N=tiling.block_n,
         BLOCK_D=triton.next_power_of_2(head_dim),
-        BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+        BLOCK_S=block_s,
         PRECISION=dot_precision(query.dtype),
         num_warps=tiling.num_warps,
         num_stages=tiling.num_stages,

@@ -69,9 +69,11 @@ def test_decode_attention(dtype, q_heads, kv_heads, head_dim, num_splits):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
 def test_decode_attention_one_sequence_of_64k_tokens(dtype):
-    """Batch 1 at 64k context, the shape that splits the most (64 spans of 1k tokens, merged in one load
-    a head), with the split count the engine would choose."""
+    """Batch 1 at 64k context, the shape that splits the most: with the split count the engine chooses
+    (about two programs per multiprocessor) and with MAX_SPLITS (64 spans of 1k tokens, the merge taking a
+    group's heads in two loads)."""
     from kvferry.kernels.triton_decode_attention import (
+        MAX_SPLITS,
         choose_num_splits,
         paged_decode_attention,
         split_counters,
@@ -81,12 +83,14 @@ def test_decode_attention_one_sequence_of_64k_tokens(dtype):
     kv = paged_kv([65536 + 3], 8, 128, 16, dtype, generator, device=CUDA)
     query = random_tensor((1, 32, 128), dtype, generator, CUDA)
     args = (kv.block_tables, kv.context_lens, 128**-0.5)
-    assert choose_num_splits(1, 8, kv.block_tables.shape[1] * 16, query.device) > 32
-    out = poisoned(query.shape, dtype, CUDA)
-    paged_decode_attention(query, kv.key_cache, kv.value_cache, *args, out=out)
+    assert choose_num_splits(1, 8, kv.block_tables.shape[1] * 16, query.device) >= 16
     want = reference.paged_decode_attention(query.float(), *kv.reference_caches(), *args)
-    torch.testing.assert_close(out.float(), want, **ATTENTION_TOLERANCE[dtype])
-    assert int(split_counters(8, query.device).abs().sum()) == 0
+    for num_splits in (None, MAX_SPLITS):
+        out = poisoned(query.shape, dtype, CUDA)
+        paged_decode_attention(query, kv.key_cache, kv.value_cache, *args, out=out, num_splits=num_splits)
+        torch.testing.assert_close(out.float(), want, **ATTENTION_TOLERANCE[dtype],
+                                   msg=lambda m, n=num_splits: f"{n} splits: {m}")  # fmt: skip
+        assert int(split_counters(8, query.device).abs().sum()) == 0
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

@@ -22,11 +22,11 @@ SMALL_TILING = PrefillTiling(block_m=16, block_n=16, num_warps=4, num_stages=1)
 HIGH_BLOCK_IDS = {"block_size": 2, "lowest_block_id": 65536}
 
 
-def check_decode(dtype, group, head_dim, seed, splits, block_size=16, lowest_block_id=1):
+def check_decode(dtype, group, head_dim, seed, splits, block_size=16, lowest_block_id=1, q_heads=Q_HEADS):
     generator = torch.Generator().manual_seed(seed)
-    kv = paged_kv(DECODE_LENGTHS, Q_HEADS // group, head_dim, block_size, dtype, generator,
+    kv = paged_kv(DECODE_LENGTHS, q_heads // group, head_dim, block_size, dtype, generator,
                   lowest_block_id=lowest_block_id)  # fmt: skip
-    query = random_tensor((len(DECODE_LENGTHS), Q_HEADS, head_dim), dtype, generator)
+    query = random_tensor((len(DECODE_LENGTHS), q_heads, head_dim), dtype, generator)
     args = (kv.block_tables, kv.context_lens, head_dim**-0.5)
     want = reference.paged_decode_attention(query.float(), *kv.reference_caches(), *args)
     for num_splits in splits:
@@ -57,6 +57,17 @@ def check_prefill(dtype, group, head_dim, seed, tilings, block_size=16, lowest_b
 @pytest.mark.parametrize("group,head_dim", SHAPES)
 def test_decode_matches_reference_with_and_without_splits(dtype, group, head_dim):
     check_decode(dtype, group, head_dim, seed=group * head_dim, splits=(1, 3))
+
+
+def test_decode_merges_a_group_of_8_over_32_spans():
+    # Most of the 32 spans are empty, and the merge takes the group's 8 heads in two loads of 4.
+    check_decode(torch.float32, 8, 64, seed=832, splits=(32,))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_decode_with_a_group_off_a_power_of_two(dtype):
+    # 6 query heads over 2 kv heads (Qwen2-7B has 7 per kv head): the merge pads the group to 4 members.
+    check_decode(dtype, 3, 64, seed=3, splits=(1, 3), q_heads=6)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
