@@ -18,11 +18,11 @@ import multiprocessing
 import random
 import statistics
 import sys
-import tempfile
 import time
 from typing import TYPE_CHECKING
 
 from benchmarks.harness.cli import benchmark_parser, output_dir
+from benchmarks.harness.registry import temporary_registry
 from benchmarks.harness.results import new_result, params_of, write_result
 
 if TYPE_CHECKING:
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     from kvferry.transfer import TransferEngine
     from kvferry.transfer.kv_connector import KVSender, pool_description
 
-    registry = f"file://{tempfile.mkdtemp(prefix='kvferry-registry-')}"
+    registry = temporary_registry()
     prefill = LLMEngine(
         args.model, engine_args(0.42)
     )  # first on the card: the decode process's share counts this one's

@@ -15,12 +15,12 @@ from __future__ import annotations
 import random
 import statistics
 import sys
-import tempfile
 import time
 
 import torch
 
 from benchmarks.harness.cli import benchmark_parser, output_dir
+from benchmarks.harness.registry import temporary_registry
 from benchmarks.harness.results import new_result, params_of, write_result
 from benchmarks.harness.table import print_table
 from kvferry.transfer import TransferEngine
@@ -60,8 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     from tests.support.peer_process import PeerProcess
     from tests.support.transfer_peer import make_pool
 
-    folder = tempfile.mkdtemp(prefix="kvferry-registry-")
-    registry = f"file://{folder}"
+    registry = temporary_registry()
     pool = make_pool(
         "bfloat16", NUM_BLOCKS, 16, SHAPE["num_layers"], SHAPE["kv_heads"], SHAPE["head_dim"], "cuda"
     )

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 
 import torch
 
 from benchmarks.gpu_disaggregated import MODEL_NAME
+from benchmarks.harness.registry import temporary_registry
 from benchmarks.harness.table import print_table
 from benchmarks.transfer_cuda import SHAPE
 from benchmarks.two_gpus_sections import WARM_RUNS
@@ -64,7 +64,7 @@ def link(args: argparse.Namespace) -> dict[str, object]:
         "bfloat16", num_blocks, 16, shape["num_layers"], shape["kv_heads"], shape["head_dim"], prefill_device
     )
     pool.tensor.view(torch.int16).random_(-(2**15), 2**15 - 1)
-    registry = f"file://{tempfile.mkdtemp(prefix='kvferry-registry-')}"
+    registry = temporary_registry()
     from kvferry.transfer import TransferEngine
     from kvferry.transfer.kv_connector import DestinationHandle, KVSender, pool_description
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import gc
 import random
-import tempfile
 from pathlib import Path
 
 import torch
@@ -20,6 +19,7 @@ from benchmarks.gpu_disaggregated import (
     start_decode_process,
     summarize,
 )
+from benchmarks.harness.registry import temporary_registry
 from benchmarks.two_gpus_sections import WARM_RUNS
 from kvferry.engine.engine_args import EngineArgs
 
@@ -40,7 +40,7 @@ def ttft(args: argparse.Namespace, model: Path) -> dict[str, object]:
     from kvferry.transfer.kv_connector import KVSender, pool_description
 
     prefill_device, decode_device = args.devices
-    registry = f"file://{tempfile.mkdtemp(prefix='kvferry-registry-')}"
+    registry = temporary_registry()
     prefill = LLMEngine(model, engine_args(args, prefill_device))
     transfer = TransferEngine()
     transfer.initialize("prefill-ttft", registry, "ucx", pool=pool_description(MODEL_NAME, prefill.pool))
