@@ -95,6 +95,12 @@ class LocalCluster:
         if self.redis is not None:
             self.redis.stop()
 
+    def remove_workdir(self) -> None:
+        """Delete the logs and registry folder, once everything is stopped. `kvferry up` keeps them for whoever
+        reads the logs after Ctrl-C; a test harness, which reads them while the cluster runs, removes them
+        (one folder per cluster otherwise piles up in /tmp, a hundred an hour in a loop of the e2e tier)."""
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
 
 def _interrupt(*_: object) -> None:
     raise KeyboardInterrupt

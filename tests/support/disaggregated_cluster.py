@@ -200,3 +200,4 @@ class DisaggregatedCluster:
         self.local.stop()
         if self.redis is not None:
             self.redis.stop()
+        self.local.remove_workdir()
