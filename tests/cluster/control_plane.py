@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -27,6 +26,8 @@ from types import TracebackType
 
 from cluster.kube_tools import KubeTools, find_kubectl
 from cluster.pki import Pki
+
+from kvferry.cli.redis_server import free_port
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"
@@ -97,13 +98,6 @@ class _Component:
         return "\n".join(text.splitlines()[-lines:])
 
 
-def _free_port() -> int:
-    # The port is free when asked; nothing else on a test machine races for loopback ports in practice.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _die_with_parent() -> None:
     # Runs in the child before exec: if the test session is killed outright, its components go with it.
     ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -122,7 +116,7 @@ class ControlPlane(KubeTools):
         self.fake_nodes = fake_nodes  # benchmarks/planner_kwok.py asks for a hundred
         self.workdir = Path(tempfile.mkdtemp(prefix="kvferry-kube-"))
         super().__init__(self.workdir / "admin.kubeconfig", self.bin_dir / "helm", self.workdir)
-        self.server: str = f"https://127.0.0.1:{_free_port()}"
+        self.server: str = f"https://127.0.0.1:{free_port()}"
         self._components: list[_Component] = []
         self._ssl: ssl.SSLContext | None = None
 
@@ -179,8 +173,8 @@ class ControlPlane(KubeTools):
         )
 
     def _start_etcd(self) -> str:
-        client_url = f"http://127.0.0.1:{_free_port()}"
-        peer_url = f"http://127.0.0.1:{_free_port()}"
+        client_url = f"http://127.0.0.1:{free_port()}"
+        peer_url = f"http://127.0.0.1:{free_port()}"
         etcd = self._spawn(
             "etcd",
             "--name=default",
@@ -226,7 +220,7 @@ class ControlPlane(KubeTools):
         kubeconfig = self._component_kubeconfig(
             pki, "kube-controller-manager", "system:kube-controller-manager"
         )
-        port = _free_port()
+        port = free_port()
         kcm = self._spawn(
             "kube-controller-manager",
             *self._delegated_auth(kubeconfig),
@@ -244,7 +238,7 @@ class ControlPlane(KubeTools):
 
     def _start_scheduler(self, pki: Pki) -> None:
         kubeconfig = self._component_kubeconfig(pki, "kube-scheduler", "system:kube-scheduler")
-        port = _free_port()
+        port = free_port()
         scheduler = self._spawn(
             "kube-scheduler",
             *self._delegated_auth(kubeconfig),
@@ -256,7 +250,7 @@ class ControlPlane(KubeTools):
 
     def _start_kwok(self, pki: Pki) -> None:
         cert, key = pki.serving("kwok")
-        port = _free_port()
+        port = free_port()
         self._spawn(
             "kwok",
             f"--kubeconfig={self.kubeconfig}",

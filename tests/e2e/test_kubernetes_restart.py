@@ -4,7 +4,6 @@ while no operator runs, and two operators sharing one Lease (docs/reliability.md
 from __future__ import annotations
 
 import json
-import socket
 import urllib.request
 from collections import Counter
 from typing import Any
@@ -12,6 +11,8 @@ from typing import Any
 import pytest
 from e2e.example_cluster import CHILD_KINDS, EXAMPLE, EXPECTED_CHILDREN, NAME, SELECTOR, example
 from e2e.kube_cluster import TEST_LEASE_DURATION_S, TEST_RESYNC_S, Cluster, OperatorProcess
+
+from kvferry.cli.redis_server import free_port
 
 LEASE = "kvferry-operator"
 # A candidate takes over once it has seen the Lease unchanged for a full duration; it polls every fifth
@@ -96,12 +97,6 @@ def test_cluster_deleted_while_the_operator_is_down(cluster: Cluster, start_oper
         Counter(kind for kind, _ in child_names(cluster, "kvferry.dev/cluster=second")) == EXPECTED_CHILDREN
     )
     assert restarted.troubles() == []
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def health(port: int) -> dict[str, bool] | None:
