@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.harness.processes import http_ok, wait_until
 from kvferry.cli.local_cluster import LocalCluster
-from kvferry.cli.redis_server import free_port
+from kvferry.cli.ports import free_port
 from kvferry.loadgen.client import Endpoint
 from kvferry.loadgen.datasets import BenchRequest
 from kvferry.loadgen.runner import LoadShape, RunResult, run_load

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from kvferry.cli.redis_server import RedisServer, free_port
+from kvferry.cli.ports import free_port
+from kvferry.cli.redis_server import RedisServer
 from kvferry.router.admission.auth import CLUSTER_TOKEN_ENV
 
 READY_TIMEOUT_SECONDS = 180

@@ -27,7 +27,7 @@ from types import TracebackType
 from cluster.kube_tools import KubeTools, find_kubectl
 from cluster.pki import Pki
 
-from kvferry.cli.redis_server import free_port
+from kvferry.cli.ports import free_port
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"

@@ -12,7 +12,7 @@ import pytest
 from e2e.example_cluster import CHILD_KINDS, EXAMPLE, EXPECTED_CHILDREN, NAME, SELECTOR, example
 from e2e.kube_cluster import TEST_LEASE_DURATION_S, TEST_RESYNC_S, Cluster, OperatorProcess
 
-from kvferry.cli.redis_server import free_port
+from kvferry.cli.ports import free_port
 
 LEASE = "kvferry-operator"
 # A candidate takes over once it has seen the Lease unchanged for a full duration; it polls every fifth

@@ -50,7 +50,7 @@ def test_replace_node_drops_what_the_node_no_longer_holds(index):
 def test_lookup_against_a_dead_redis_answers_nothing_quickly():
     import time
 
-    from kvferry.cli.redis_server import free_port
+    from kvferry.cli.ports import free_port
 
     dead = RedisPrefixIndex(f"redis://127.0.0.1:{free_port()}/0", model="m")
     started = time.monotonic()

@@ -18,7 +18,7 @@ import uvicorn
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from kvferry.cli.redis_server import free_port
+from kvferry.cli.ports import free_port
 from kvferry.router.api.draining import REUSE_MARGIN_S, DrainingMiddleware
 
 SLOW_S = 1.5  # how long /slow takes to answer

@@ -19,7 +19,8 @@ from pathlib import Path
 import httpx
 
 from kvferry.cli.local_cluster import LocalCluster
-from kvferry.cli.redis_server import RedisServer, free_port
+from kvferry.cli.ports import free_port
+from kvferry.cli.redis_server import RedisServer
 
 MODEL_NAME = "llama"  # the served name of the tiny checkpoint (its folder's name)
 LEASE_SECONDS = 2.0

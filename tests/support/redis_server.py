@@ -8,7 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvferry.cli.redis_server import RedisServer, free_port
+from kvferry.cli.ports import free_port
+from kvferry.cli.redis_server import RedisServer
 
 __all__ = ["free_port", "redis_url"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import socket
 
-from kvferry.cli import redis_server
-from kvferry.cli.redis_server import HIGHEST_PORT, LOWEST_PORT, free_port
+from kvferry.cli import ports
+from kvferry.cli.ports import HIGHEST_PORT, LOWEST_PORT, free_port
 
 
 def test_ports_are_distinct_bindable_and_below_the_ephemeral_range():
@@ -26,17 +26,17 @@ def test_a_port_in_use_or_handed_out_before_is_skipped(monkeypatch):
         probe.close()
         given = free_port()
         draws = iter([taken, given, candidate])  # in use, handed out already, then free
-        monkeypatch.setattr(redis_server.random, "randrange", lambda low, high: next(draws))
-        monkeypatch.setattr(redis_server, "_ephemeral_start", lambda: 65000)
-        monkeypatch.setattr(redis_server, "HIGHEST_PORT", 65000)
-        monkeypatch.setattr(redis_server, "LOWEST_PORT", 1024)
+        monkeypatch.setattr(ports.random, "randrange", lambda low, high: next(draws))
+        monkeypatch.setattr(ports, "_ephemeral_start", lambda: 65000)
+        monkeypatch.setattr(ports, "HIGHEST_PORT", 65000)
+        monkeypatch.setattr(ports, "LOWEST_PORT", 1024)
         assert free_port() == candidate
 
 
 def test_with_no_room_below_the_ephemeral_range_the_kernel_chooses(tmp_path, monkeypatch):
     low_range = tmp_path / "ip_local_port_range"
     low_range.write_text("1024\t60999\n")
-    monkeypatch.setattr(redis_server, "EPHEMERAL_RANGE", low_range)
+    monkeypatch.setattr(ports, "EPHEMERAL_RANGE", low_range)
     port = free_port()
     assert port >= 1024
     with socket.socket() as sock:
