@@ -99,10 +99,11 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """One query token per sequence, query [batch, q_heads, dim], attending to its whole paged context.
 
-    The context's blocks are gathered once per cache with `index_select` and read by torch's SDPA as strided [batch, kv_heads, len, dim] views, as
-    transformers computes attention by default: one fused call for every head, where a matmul, a mask, a
-    softmax and a matmul per kv head took twice as long for one sequence. One sequence reads exactly its
-    length; a batch reads up to its longest, each sequence masked to its own."""
+    The context's blocks are gathered once per cache with `index_select` and read by torch's SDPA as
+    strided [batch, kv_heads, len, dim] views, as transformers computes attention by default: one fused
+    call for every head, where a matmul, a mask, a softmax and a matmul per kv head took twice as long for
+    one sequence. One sequence reads exactly its length; a batch reads up to its longest, each sequence
+    masked to its own."""
     batch, num_q_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     if batch == 1:

@@ -32,7 +32,12 @@ def test_triton_kernels_under_the_interpreter():
                  "ignore::RuntimeWarning", "-k", shard] for shard in SHARDS]  # fmt: skip
     children = [subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True) for command in commands]  # fmt: skip
-    for command, child in zip(commands, children, strict=True):
-        stdout, stderr = child.communicate(timeout=540)
-        print(stdout[-3000:])
-        assert child.returncode == 0, f"{' '.join(command)} failed:\n{stdout[-20000:]}\n{stderr[-5000:]}"
+    try:
+        for command, child in zip(commands, children, strict=True):
+            stdout, stderr = child.communicate(timeout=540)
+            print(stdout[-3000:])
+            assert child.returncode == 0, f"{' '.join(command)} failed:\n{stdout[-20000:]}\n{stderr[-5000:]}"
+    finally:  # a failed or timed-out half must not leave the other running past the test
+        for child in children:
+            child.kill()
+            child.wait()
