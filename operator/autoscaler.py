@@ -127,7 +127,10 @@ class Autoscaler:
             state = replace(memory.states.get(role) or PlannerState.fresh(count, now), replicas=count)
             decisions[role] = plan(scaling.policy(), state, seen)
             memory.states[role] = decisions[role].state
-            logger.info("autoscaling %s/%s %s: %s", ref.namespace, ref.name, role, decisions[role].reason)
+            # The interval's own recommendation leads the line: what a reader of the log (or a test timing
+            # the scale-down window) needs to find the last interval that asked for a count.
+            logger.info("autoscaling %s/%s %s: %d recommended; %s", ref.namespace, ref.name, role,
+                        decisions[role].recommended, decisions[role].reason)
         self._record(ref, body, counts, decisions)
 
     def _metrics_urls(self, ref: ClusterRef, role: str, spec: InferenceClusterSpec) -> list[str]:
