@@ -57,7 +57,9 @@ class TransferEngine:
         self.write_guard: WriteGuard | None = None
         self.on_write_finished: WriteListener | None = None
         self.stats = {
-            "malformed_messages": 0, "unauthenticated_messages": 0, "rejected_writes": 0, "duplicate_messages": 0, "bytes_sent": 0,
+            "malformed_messages": 0, "unauthenticated_messages": 0, "duplicate_messages": 0, "bytes_sent": 0,
+            # requests this engine refused (memory not registered here, a write guard's no, a duplicate)
+            "rejected_writes": 0, "rejected_reads": 0,
             # puts issued (retried ones again), and attempts after a first one that did not all land
             "puts": 0, "put_retries": 0,
             # of those puts, plain copies into a peer's shared memory attached here (ucp_direct.put_many)

@@ -105,6 +105,7 @@ class Inbound:
         unregistered = [r for r in ranges if self._memory.find(*r) is None]
         if (sender, op_id) in self._ops or unregistered:
             reason = f"range {unregistered[0][0]:#x}+{unregistered[0][1]} is not registered memory" if unregistered else "duplicate"
+            self._stats["rejected_reads"] += 1
             self._control.send(sender, None, "read_reject", op=op_id, reason=reason)
             return
         op = Operation(sender, "inbound_read", time.monotonic() + self._timeout_seconds)

@@ -270,6 +270,7 @@ def test_batch_read_pulls_remote_ranges_into_local_memory(redis_url, local_engin
     assert block_digests(pool, local_blocks) == remote.call("digest", block_ids=remote_blocks)["digests"]
     with pytest.raises(TransferRejectedError, match="not registered"):
         engine.batch_transfer_read(name, [pool.tensor.data_ptr()], [16], [block])
+    assert remote.call("stats")["stats"]["rejected_reads"] == 1
 
 
 def test_thousands_of_fragmented_puts_arrive_byte_identical(redis_url, local_engine, peers, request):

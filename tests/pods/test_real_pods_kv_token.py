@@ -48,7 +48,7 @@ try:
 except Exception as error:
     outcome = type(error).__name__
 print(json.dumps({"outcome": outcome, "untouched": bool((memory == 7).all()), "seconds": time.monotonic() - started,
-                  "address": socket.gethostbyname(socket.gethostname())}))
+                  "address": socket.gethostbyname(socket.gethostname()), "transfer": engine.stats}))
 """
 
 
@@ -57,12 +57,15 @@ def _secret(served: ServedCluster, key: str) -> str:
     return base64.b64decode(secret["data"][key]).decode()
 
 
-def _unanswered(served: ServedCluster, prefill: dict, member: dict[str, object]) -> str:
-    """What a member's unanswered read leaves to go on: the prefill pod's log and the NetworkPolicy agent's
-    verdicts on the member's connections."""
+def _unanswered(served: ServedCluster, prefill: dict, member: dict[str, object], before: dict[str, int]) -> str:
+    """What a member's unanswered read leaves to go on: the prefill pod's transfer counters before and after it
+    (did a message of the member's arrive, and was it refused?), its log and the NetworkPolicy agent's verdicts
+    on the member's connections."""
+    after = served.stats(prefill)["transfer"]
     log = served.kubectl("logs", prefill["metadata"]["name"], "--tail=40", check=False).stdout
     verdicts = "\n".join(served.kube.policy_verdicts(str(member["address"]))[-40:])
-    return f"{member}\nprefill log:\n{log}\npolicy verdicts:\n{verdicts}"
+    return (f"{member}\nprefill transfer counters before the member's read: {before}\nafter: {after}\n"
+            f"prefill log:\n{log}\npolicy verdicts:\n{verdicts}")
 
 
 def test_a_transfer_peer_without_the_cluster_token_gets_no_kv(served: ServedCluster) -> None:
@@ -82,6 +85,10 @@ def test_a_transfer_peer_without_the_cluster_token_gets_no_kv(served: ServedClus
     counted = served.stats(prefill)["transfer"]["unauthenticated_messages"]
     assert counted > before
 
+    before_member = served.stats(prefill)["transfer"]
     member = read("transfer-member", _secret(served, "cluster-token"), MEMBER_TIMEOUT_S)
-    assert (member["outcome"], member["untouched"]) == ("TransferRejectedError", True), _unanswered(served, prefill, member)
-    assert served.stats(prefill)["transfer"]["unauthenticated_messages"] == counted
+    assert (member["outcome"], member["untouched"]) == ("TransferRejectedError", True), \
+        _unanswered(served, prefill, member, before_member)
+    after_member = served.stats(prefill)["transfer"]
+    assert after_member["unauthenticated_messages"] == counted
+    assert after_member["rejected_reads"] == before_member["rejected_reads"] + 1  # the prefill pod's refusal
