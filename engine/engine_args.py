@@ -10,7 +10,9 @@ from kvferry.engine.devices import resolve_device
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Weight formats a 16/32-bit checkpoint can be quantized to at load (engine/weights.py QUANTIZERS).
-QUANTIZATIONS = ("fp8", "int8")
+QUANTIZATIONS = ("fp8", "int8", "int4")
+# Those computed by CPU kernels alone (fbgemm, torch's CPU int4 matmul).
+CPU_QUANTIZATIONS = ("int8", "int4")
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,8 @@ class EngineArgs:
     # (an FP8 checkpoint is read as FP8 either way). Activations and the KV cache keep `dtype`.
     # "int8" (CPU only): linear layers and the LM head in int8 with per-channel scales, multiplied by
     # fbgemm against activations quantized per row (kernels/int8_linear.py).
+    # "int4" (CPU only): linear layers (not the LM head) in 4 bits, a scale and a zero per 32 weights of a row
+    # (Q4_1's layout), multiplied in bfloat16 (kernels/int4_linear.py); fastest with dtype "bfloat16".
     quantization: str | None = None
     device: str = "auto"  # "auto": cuda:0 when a GPU is visible, else cpu; "cuda:N": GPU N (checked at start)
     max_model_len: int | None = None  # default: the model's max_position_embeddings, capped at 8192
@@ -69,8 +73,8 @@ class EngineArgs:
         if checkpoint_quantization is not None:
             raise ValueError(f"the checkpoint's weights are {checkpoint_quantization}; they cannot be requantized to "
                              f"{self.quantization}")  # fmt: skip
-        if self.quantization == "int8" and device.type != "cpu":
-            raise ValueError(f"int8 weights run on the CPU only (fbgemm); on {device} use quantization 'fp8'")
+        if self.quantization in CPU_QUANTIZATIONS and device.type != "cpu":
+            raise ValueError(f"{self.quantization} weights run on the CPU only; on {device} use quantization 'fp8'")
         return self.quantization
 
     def resolve_dtype(self, checkpoint_dtype: str, device: torch.device) -> torch.dtype:

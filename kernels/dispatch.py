@@ -20,14 +20,15 @@ import os
 import torch
 import torch.nn.functional as F
 
-from kvferry.kernels import cpu_linear, fp8_linear, int8_linear, reference
+from kvferry.kernels import cpu_linear, fp8_linear, int4_linear, int8_linear, reference
 from kvferry.kernels.fp8_weight import Fp8Weight
+from kvferry.kernels.int4_linear import Int4Weight
 from kvferry.kernels.int8_linear import Int8Weight
 
 BACKEND_VARIABLE = "KVFERRY_KERNELS"
 BACKENDS = ("auto", "triton", "torch")
-# A linear layer's weight as the engine keeps it: the model's dtype, FP8 or int8.
-LinearWeight = torch.Tensor | Fp8Weight | Int8Weight
+# A linear layer's weight as the engine keeps it: the model's dtype, FP8, int8 or int4.
+LinearWeight = torch.Tensor | Fp8Weight | Int8Weight | Int4Weight
 
 
 def use_triton(tensor: torch.Tensor) -> bool:
@@ -42,11 +43,13 @@ def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = No
     """F.linear; one 16-bit row without a bias (a batch-1 decode step) takes the Triton GEMV, which
     reads the weights faster than cuBLAS does for one row (kernels/triton_linear.py); a few float32 rows
     on the CPU (a decode batch) take oneDNN with prepacked weights (kernels/cpu_linear.py); FP8 weights
-    go to kernels/fp8_linear.py, int8 ones to kernels/int8_linear.py."""
+    go to kernels/fp8_linear.py, int8 ones to kernels/int8_linear.py, int4 ones to kernels/int4_linear.py."""
     if isinstance(weight, Fp8Weight):
         return fp8_linear.linear(x, weight, bias, use_triton(x))
     if isinstance(weight, Int8Weight):
         return int8_linear.linear(x, weight, bias)
+    if isinstance(weight, Int4Weight):
+        return int4_linear.linear(x, weight, bias)
     if cpu_linear.applies(x, weight):
         return cpu_linear.linear(x, weight, bias)
     one_row = x.dim() == 2 and x.shape[0] == 1 and bias is None and x.dtype in (torch.bfloat16, torch.float16)

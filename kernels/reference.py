@@ -20,8 +20,9 @@ def rms_norm(
         x = x + residual
     if x.dtype == torch.float32:  # torch's own: the same bits in one op call where this takes seven
         return F.rms_norm(x, x.shape[-1:], weight, eps), x
-    variance = x.float().pow(2).mean(-1, keepdim=True)
-    normalized = x.float() * torch.rsqrt(variance + eps)
+    # 16-bit: normalized in float32 by the same op (the bits of the five-op formula, in one call), then
+    # rounded and scaled by the weight in the model's dtype, as Hugging Face's arithmetic does
+    normalized = F.rms_norm(x.float(), x.shape[-1:], None, eps)
     return weight * normalized.to(x.dtype), x
 
 

@@ -48,7 +48,7 @@ class ModelSection(_Section):
     # One name for nodes and router: it salts the nodes' block hashes, so the router's prefix-index
     # lookups find the nodes' blocks only when the two agree.
     served_name: str = Field(min_length=1)
-    quantization: Literal["fp8", "int8"] | None = None  # the nodes' weights; activations and KV keep kvCache.dtype
+    quantization: Literal["fp8", "int8", "int4"] | None = None  # the nodes' weights; activations and KV keep kvCache.dtype
 
 
 class KVCacheSection(_Section):

@@ -73,11 +73,12 @@ class ModelSpec(KubeModel):
         max_length=256,
         description="Model name that clients send in the `model` field of OpenAI-style requests.",
     )
-    quantization: Literal["fp8", "int8"] | None = Field(
+    quantization: Literal["fp8", "int8", "int4"] | None = Field(
         None,
         description="fp8: prefill and decode nodes keep the linear layers in FP8 e4m3 with per-channel scales, "
         "quantized at load (an FP8 checkpoint is served as FP8 without it). int8 (CPU nodes only): the linear "
-        "layers and the LM head in int8 with per-channel scales.",
+        "layers and the LM head in int8 with per-channel scales. int4 (CPU nodes only): the linear layers in 4 "
+        "bits with a scale and a zero per 32 weights, multiplied in bfloat16 (fastest with kvCache.dtype bfloat16).",
     )
 
     @field_validator("source")

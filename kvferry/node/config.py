@@ -33,7 +33,7 @@ class NodeConfig:
     # Where the router and peers reach this node (a pod's IP); default `host`. Published as the node's URL.
     advertise_host: str | None = None
     dtype: str = "auto"
-    quantization: str | None = None  # "fp8" or "int8" weights (EngineArgs.quantization)
+    quantization: str | None = None  # "fp8", "int8" or "int4" weights (EngineArgs.quantization)
     device: str = "auto"
     max_model_len: int | None = None
     block_size: int = 16
@@ -104,10 +104,12 @@ def add_node_arguments(parser: argparse.ArgumentParser, role: str) -> None:
     parser.add_argument("--advertise-host", default=None,
                         help="address the router and peers reach this node at, in its published URL (default --host)")
     parser.add_argument("--dtype", default=None, help="weights and KV cache type (default: the config's kvCache.dtype, else auto)")
-    parser.add_argument("--quantization", choices=["fp8", "int8"], default=None,
+    parser.add_argument("--quantization", choices=["fp8", "int8", "int4"], default=None,
                         help="fp8: linear layers in FP8 with per-channel scales, quantized at load (an FP8 "
                         "checkpoint is read as FP8 without it); int8 (CPU only): linear layers and the LM head in "
-                        "int8 with per-channel scales; activations and the KV cache keep --dtype")
+                        "int8 with per-channel scales; int4 (CPU only): linear layers in 4 bits with a scale and a "
+                        "zero per 32 weights, multiplied in bfloat16 (fastest with --dtype bfloat16); activations and the KV "
+                        "cache keep --dtype")
     parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (a prefill node on one GPU, decode on another)")
     parser.add_argument("--max-num-seqs", type=int, default=None, help="requests in one batch (default 64)")
     parser.add_argument("--max-num-batched-tokens", type=int, default=None, help="tokens per step, the prefill chunk (default 2048)")

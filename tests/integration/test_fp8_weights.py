@@ -60,7 +60,7 @@ def test_quantizing_at_load_gives_the_node_another_kv_identity(tiny_models):
 
 def test_an_unknown_quantization_is_refused():
     with pytest.raises(ValueError, match="quantization must be one of"):
-        EngineArgs(quantization="int4")
+        EngineArgs(quantization="int2")
 
 
 def test_the_real_model_in_fp8_picks_bf16_s_next_token(smollm2, smollm2_reference):

@@ -40,10 +40,11 @@ def test_defaults_pick_the_device_by_availability():
     assert args.device == "auto" and args.max_num_seqs == 64 and args.quantization is None
 
 
-def test_fp8_weights_are_a_node_flag():
+def test_weight_formats_are_a_node_flag():
     assert engine_args_from(_config("decode", "--quantization", "fp8")).quantization == "fp8"
+    assert engine_args_from(_config("decode", "--quantization", "int4")).quantization == "int4"
     with pytest.raises(SystemExit):  # argparse names the choices
-        _config("decode", "--quantization", "int4")
+        _config("decode", "--quantization", "int2")
 
 
 def test_bad_limits_are_refused_with_the_field_named():
