@@ -25,6 +25,10 @@ bfloat16 rows: kvferry with `--dtype bfloat16` (oneDNN's bfloat16 kernels, where
 kernels/cpu_linear.py) and llama.cpp on a BF16 GGUF that convert_hf_to_gguf.py writes from the same import,
 with the same teacher-forced agreement between the two.
 
+int4 row: kvferry with `--quantization int4 --dtype bfloat16` (kernels/int4_linear.py: the linear layers in
+groups of 32 as the Q4_1 file has them, the LM head in bfloat16) beside llama.cpp on the Q4_1 file, with the
+same agreement on that file: kvferry int4, and kvferry float32 (the file dequantized exactly).
+
 llama-cpp-python is not a dependency of kvferry: `make bench-llama-cpp` builds it from source (about ten
 minutes here); its source distribution carries the convert script, unpacked once into the kvferry cache.
 
@@ -83,7 +87,8 @@ AGREEMENT_PROMPTS = (
 )
 AGREEMENT_TOKENS = 64
 # The engines the agreement runs again after their rows: kept, where the others go once measured.
-AGREEMENT_ENGINES = ("llama.cpp Q8_0 GGUF", "kvferry int8 on the Q8_0 GGUF", "llama.cpp BF16 GGUF", "kvferry bfloat16")
+AGREEMENT_ENGINES = ("llama.cpp Q8_0 GGUF", "kvferry int8 on the Q8_0 GGUF", "llama.cpp BF16 GGUF", "kvferry bfloat16",
+                     "llama.cpp Q4_1 GGUF", "kvferry int4", "kvferry float32")
 
 
 def prompts(vocab: int, sizes: Sizes) -> dict[str, list[list[int]]]:
@@ -273,6 +278,16 @@ def parameter_count(model: Path) -> int:
     return int(count)
 
 
+def int4_bytes(model: Path, parameters: int) -> float:
+    """What a decode step reads in int4: the linear layers at half a byte a weight plus a bfloat16 scale and
+    zero a group of 32, the LM head (the embedding) in bfloat16."""
+    import json
+
+    config = json.loads((model / "config.json").read_text())
+    head = config["vocab_size"] * config["hidden_size"]
+    return 2 * head + (parameters - head) * (0.5 + 4 / 32)
+
+
 def gguf_bytes(path: Path) -> int:
     """The bytes of a GGUF's tensors, as the file stores them (quantized blocks with their scales)."""
     from gguf import GGUFReader
@@ -330,6 +345,7 @@ def main(argv: list[str] | None = None) -> int:
         "kvferry int8": (lambda: kvferry_generate(model, "int8"), parameters),
         "llama.cpp Q8_0 GGUF": (lambda: llama_cpp_generate(q8, sizes), gguf_bytes(q8)),
         "kvferry int8 on the Q8_0 GGUF": (lambda: kvferry_generate(q8, "int8"), parameters),
+        "kvferry int4": (lambda: kvferry_generate(model, "int4", dtype="bfloat16"), int4_bytes(model, parameters)),
     }
     bandwidth = read_bandwidth()
     print(f"memory read bandwidth: {bandwidth / 1e9:.1f} GB/s", flush=True)
@@ -377,6 +393,14 @@ def main(argv: list[str] | None = None) -> int:
         ),
     }
     print(f"top-1 agreement with llama.cpp BF16: {bf16_agreement}", flush=True)
+    llama_q4 = kept["llama.cpp Q4_1 GGUF"]
+    q4_agreement = {
+        "prompts": len(agreement_cases),
+        "tokens": tokens,
+        "kvferry int4": teacher_forced_agreement(llama_q4, kept["kvferry int4"], agreement_cases, tokens),
+        "kvferry float32": teacher_forced_agreement(llama_q4, kept["kvferry float32"], agreement_cases, tokens),
+    }
+    print(f"top-1 agreement with llama.cpp on the Q4_1 file: {q4_agreement}", flush=True)
     baseline = rows[0]["variant"]
     rows = with_ratios(rows, baseline, ["decode_tok_s", "concurrent_tok_s"])
     print_table(rows, list(rows[0]))
@@ -386,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
         summary={
             "top1_agreement_with_llama_cpp_q8_0": agreement,
             "top1_agreement_with_llama_cpp_bf16": bf16_agreement,
+            "top1_agreement_with_llama_cpp_q4_1": q4_agreement,
             "memory_read_gb_s": round(bandwidth / 1e9, 1),
         },
     )
