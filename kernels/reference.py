@@ -82,6 +82,10 @@ def apply_rope_and_store_kv(
     return q
 
 
+# Decode attention in these dtypes takes two matmuls in float32 (`_grouped_attention_float32`).
+_SIXTEEN_BIT = (torch.bfloat16, torch.float16)
+
+
 def _gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     """The first `length` tokens' [length, kv_heads, dim] of one sequence, read through its block table
     (`index_select`: a row copy per block, where advanced indexing took twice as long)."""
@@ -104,13 +108,15 @@ def paged_decode_attention(
     strided [batch, kv_heads, len, dim] views, as transformers computes attention by default: one fused
     call for every head, where a matmul, a mask, a softmax and a matmul per kv head took twice as long for
     one sequence. One sequence reads exactly its length; a batch reads up to its longest, each sequence
-    masked to its own."""
+    masked to its own. 16-bit inputs take `_grouped_attention_float32` instead."""
     batch, num_q_heads, head_dim = query.shape
     block_size, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
     if batch == 1:
         length = int(context_lens[0])
         keys = _gather_context(key_cache, block_tables[0], length).transpose(0, 1)  # [kv_heads, len, dim]
         values = _gather_context(value_cache, block_tables[0], length).transpose(0, 1)
+        if query.dtype in _SIXTEEN_BIT:
+            return _grouped_attention_float32(query, keys[None], values[None], None, scale)
         out = F.scaled_dot_product_attention(query.transpose(0, 1), keys, values, scale=scale, enable_gqa=True)
         return out.transpose(0, 1)
     num_blocks = -(-int(context_lens.max()) // block_size)
@@ -118,10 +124,33 @@ def paged_decode_attention(
     length = num_blocks * block_size
     keys = key_cache.index_select(0, blocks).view(batch, length, num_kv_heads, head_dim).transpose(1, 2)
     values = value_cache.index_select(0, blocks).view(batch, length, num_kv_heads, head_dim).transpose(1, 2)
-    within = (torch.arange(length, device=query.device)[None, :] < context_lens[:, None])[:, None, None, :]
-    out = F.scaled_dot_product_attention(query.unsqueeze(2), keys, values, attn_mask=within, scale=scale,
-                                         enable_gqa=True)  # fmt: skip
+    within = torch.arange(length, device=query.device)[None, :] < context_lens[:, None]
+    if query.dtype in _SIXTEEN_BIT:
+        return _grouped_attention_float32(query, keys, values, within, scale)
+    out = F.scaled_dot_product_attention(query.unsqueeze(2), keys, values, attn_mask=within[:, None, None, :],
+                                         scale=scale, enable_gqa=True)  # fmt: skip
     return out.view(batch, num_q_heads, head_dim)
+
+
+def _grouped_attention_float32(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, within: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """One query token per sequence, query [batch, q_heads, dim], over keys and values [batch, kv_heads, len,
+    dim] (positions where `within` [batch, len] is False masked), as two matmuls and a softmax in float32; the
+    output in the query's dtype.
+
+    For 16-bit inputs on the CPU: torch's SDPA took 1.35 ms for 16 bfloat16 sequences of 160 tokens (9 heads
+    over 3) where this takes 0.24 ms, with the same largest error against float64 (a probe on two cores), and
+    90 us against about 45 for one sequence. Each kv head's query heads are one matrix (q head h reads kv head
+    h // group, as transformers' repeat_kv has it)."""
+    batch, num_q_heads, head_dim = query.shape
+    num_kv_heads = keys.shape[1]
+    grouped = query.reshape(batch, num_kv_heads, num_q_heads // num_kv_heads, head_dim).float()
+    scores = torch.matmul(grouped, keys.float().transpose(-1, -2)).mul_(scale)
+    if within is not None:
+        scores.masked_fill_(~within[:, None, None, :], float("-inf"))
+    out = torch.matmul(torch.softmax(scores, dim=-1), values.float())
+    return out.reshape(batch, num_q_heads, head_dim).to(query.dtype)
 
 
 def paged_prefill_attention(
