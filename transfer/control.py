@@ -37,6 +37,10 @@ class ControlChannel:
         self._closing = closing
         self._handle = handle
         self._posted: list[tuple[Request, bytearray]] = []
+        # Sends no operation tracks (replies such as read_reject), with their bytes, until UCX is done with
+        # them: to a peer whose endpoint is still wiring up, UCX reads the buffer later, and a buffer freed
+        # meanwhile went out as garbage (the reader counted a malformed message and timed out: CI, pods tier).
+        self._unowned_sends: list[tuple[Request, bytes]] = []
         for _ in range(receives):  # several, so that several peers can talk at once
             self._post_receive()
 
@@ -50,9 +54,12 @@ class ControlChannel:
         if track is not None:
             track.requests.append(request)
             track.keep.append(message)
+        elif not request.completed:
+            self._unowned_sends.append((request, message))
 
     def poll(self) -> None:
         """Handle the control messages that arrived, and post receives in place of theirs."""
+        self._unowned_sends = [(request, message) for request, message in self._unowned_sends if not request.completed]
         pending = []
         for request, buffer in self._posted:
             if not request.completed:
