@@ -18,24 +18,21 @@ PROMPTS = [[1, 5, 9, 200, 31, 7], [3, 3, 3, 3], list(range(40, 90)), [17] * 30]
 REAL_MODEL_TOKENS = 32
 
 
-def test_int8_at_load_quantizes_every_linear_and_the_lm_head_and_changes_the_kv_identity(tiny_models):
-    args = {"dtype": "float32", "num_kv_blocks": 64, "max_model_len": 256}
+@pytest.mark.parametrize(("quantization", "dtype", "form", "lm_head_quantized"),
+                         [("int8", "float32", Int8Weight, True), ("int4", "bfloat16", Int4Weight, False)])
+def test_at_load_every_linear_is_quantized_and_the_kv_identity_changes(tiny_models, quantization, dtype, form,
+                                                                        lm_head_quantized):
+    """int8 quantizes the LM head too; int4 leaves it in the model's dtype (engine/weights.py says why)."""
+    args = {"dtype": dtype, "num_kv_blocks": 64, "max_model_len": 256}
     plain = LLMEngine(tiny_models["llama"], EngineArgs(**args))
-    quantized = LLMEngine(tiny_models["llama"], EngineArgs(**args, quantization="int8"))
-    assert quantized.pool_layout.weights == plain.pool_layout.weights + "+int8"
+    quantized = LLMEngine(tiny_models["llama"], EngineArgs(**args, quantization=quantization))
+    assert quantized.pool_layout.weights == plain.pool_layout.weights + f"+{quantization}"
     weights = quantized.runner.model.weights
-    assert all(isinstance(linear, Int8Weight) for layer in weights.layers for linear in layer.linears())
-    assert isinstance(weights.lm_head, Int8Weight) and weights.embed_tokens.dtype == torch.float32
-
-
-def test_int4_at_load_quantizes_every_linear_but_the_lm_head_and_changes_the_kv_identity(tiny_models):
-    args = {"dtype": "bfloat16", "num_kv_blocks": 64, "max_model_len": 256}
-    plain = LLMEngine(tiny_models["llama"], EngineArgs(**args))
-    quantized = LLMEngine(tiny_models["llama"], EngineArgs(**args, quantization="int4"))
-    assert quantized.pool_layout.weights == plain.pool_layout.weights + "+int4"
-    weights = quantized.runner.model.weights
-    assert all(isinstance(linear, Int4Weight) for layer in weights.layers for linear in layer.linears())
-    assert weights.lm_head.dtype == weights.embed_tokens.dtype == torch.bfloat16
+    assert all(isinstance(linear, form) for layer in weights.layers for linear in layer.linears())
+    assert isinstance(weights.lm_head, form) == lm_head_quantized
+    assert weights.embed_tokens.dtype == getattr(torch, dtype)
+    if not lm_head_quantized:
+        assert weights.lm_head.dtype == getattr(torch, dtype)
 
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
