@@ -257,12 +257,12 @@ class CompletionService:
         self.metrics.prefix(num_tokens, min(decision.cached_blocks * request.block_size, num_tokens))
         return decision
 
-    async def _reschedule(self, token_ids: list[int], lost: set[str], last: NodeView) -> Decision:
+    async def _reschedule(self, token_ids: list[int], lost: set[str], last: NodeView | None) -> Decision:
         """A choice whose decode node was lost, scheduled again without the nodes it lost, on a decode node
-        that runs the last one's model: `token_ids`, its prompt and the outputs it has, are the prompt its
-        next node computes."""
-        nodes = [node for node in self.cluster.views()
-                 if node.url not in lost and (node.role != "decode" or node.exchanges_kv_with(last))]
+        that runs the last one's model (`last`; None: the choice has no output yet, any model may start it):
+        `token_ids`, its prompt and the outputs it has, are the prompt its next node computes."""
+        nodes = [node for node in self.cluster.views() if node.url not in lost and
+                 (node.role != "decode" or last is None or node.exchanges_kv_with(last))]
         return self._schedule(await self.lookup.request_for(token_ids, nodes), nodes, len(token_ids))
 
     @staticmethod

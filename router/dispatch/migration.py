@@ -28,8 +28,10 @@ from kvferry.router.scheduling import Decision
 log = logging.getLogger(__name__)
 
 # Schedules a choice again: its tokens so far (prompt + resumed), the URLs of the decode nodes it lost, and
-# the last of them (its successor runs the same model: a stream is one model's output, rollout or not).
-Reschedule = Callable[[list[int], set[str], NodeView], Awaitable[Decision]]
+# the last of them when the choice has output tokens (its successor runs the same model: a stream is one
+# model's output, rollout or not); None when it has none, so that any model served under the name may start
+# it afresh (mid-rollout the lost node may have been its model's last one).
+Reschedule = Callable[[list[int], set[str], NodeView | None], Awaitable[Decision]]
 
 
 class Migration:
@@ -54,18 +56,19 @@ class Migration:
                 return
             except DecodeNodeLost as exc:
                 lost.add(exc.node.url)
-                decision = await self._elsewhere(exc, prompt_ids + sent, lost, attempt, reschedule)
+                model_of = exc.node if sent else None  # the client has none of its tokens: any model may start over
+                decision = await self._elsewhere(exc, prompt_ids + sent, model_of, lost, attempt, reschedule)
                 log.warning("%s: %s after %d tokens; goes on on %s", request_id, exc, len(sent), decision.decode.name)
             attempt += 1
 
-    async def _elsewhere(self, exc: DecodeNodeLost, tokens: list[int], lost: set[str], attempt: int,
-                         reschedule: Reschedule) -> Decision:
+    async def _elsewhere(self, exc: DecodeNodeLost, tokens: list[int], model_of: NodeView | None, lost: set[str],
+                         attempt: int, reschedule: Reschedule) -> Decision:
         """Where the choice goes on, or the client's error when it may not or cannot."""
         if attempt >= self.max_migrations:
             self.metrics.migrations.labels(outcome="exhausted").inc()
             raise APIError(502, f"{exc} ({attempt} migrations, at most {self.max_migrations})")
         try:
-            decision = await reschedule(tokens, lost, exc.node)
+            decision = await reschedule(tokens, lost, model_of)
         except APIError as refused:
             self.metrics.migrations.labels(outcome="no_node").inc()
             raise APIError(refused.status, f"{exc}, and no other decode node can go on: {refused.message}") from None

@@ -57,8 +57,8 @@ def test_a_lost_stream_goes_on_elsewhere_with_the_tokens_sent_and_without_the_lo
     flow = ScriptedFlow({"d0": ([[10], [11, 12]], True), "d1": ([[13], [14]], False)})
     asked = []
 
-    async def reschedule(tokens: list[int], lost: set[str], last: NodeView) -> Decision:
-        asked.append((tokens, lost, last.name))
+    async def reschedule(tokens: list[int], lost: set[str], last: NodeView | None) -> Decision:
+        asked.append((tokens, lost, last and last.name))
         return _decision("d1")
 
     metrics = RouterMetrics()
@@ -68,11 +68,26 @@ def test_a_lost_stream_goes_on_elsewhere_with_the_tokens_sent_and_without_the_lo
     assert metrics.migrations.labels(outcome="migrated")._value.get() == 1
 
 
+def test_a_stream_lost_before_its_first_token_may_start_over_on_any_model():
+    """Mid-rollout the lost node may have been its model's last decode node; the client has nothing of it yet,
+    so the successor need not continue its model (the CI failure of 16.11 in docs/reliability.md)."""
+    flow = ScriptedFlow({"d0": ([], True), "d1": ([[13], [14]], False)})
+    asked = []
+
+    async def reschedule(tokens: list[int], lost: set[str], last: NodeView | None) -> Decision:
+        asked.append((tokens, lost, last))
+        return _decision("d1")
+
+    assert _run(Migration(flow, RouterMetrics(), max_migrations=1), reschedule) == [13, 14]  # type: ignore[arg-type]
+    assert asked == [(PROMPT, {"http://d0"}, None)]
+    assert flow.calls == [("d0", "req", []), ("d1", "req-m1", [])]
+
+
 def test_migrations_are_bounded_and_then_the_loss_is_the_clients_error():
     flow = ScriptedFlow({"d0": ([[10]], True), "d1": ([[11]], True), "d2": ([[12]], False)})
     nodes = iter(["d1", "d2"])
 
-    async def reschedule(tokens: list[int], lost: set[str], last: NodeView) -> Decision:
+    async def reschedule(tokens: list[int], lost: set[str], last: NodeView | None) -> Decision:
         return _decision(next(nodes))
 
     with pytest.raises(APIError) as refused:
@@ -84,7 +99,7 @@ def test_migrations_are_bounded_and_then_the_loss_is_the_clients_error():
 def test_no_other_decode_node_is_a_clean_503_naming_the_loss():
     flow = ScriptedFlow({"d0": ([[10]], True)})
 
-    async def reschedule(tokens: list[int], lost: set[str], last: NodeView) -> Decision:
+    async def reschedule(tokens: list[int], lost: set[str], last: NodeView | None) -> Decision:
         raise APIError(503, "no healthy decode node")
 
     with pytest.raises(APIError) as refused:
