@@ -26,7 +26,7 @@ kernels/cpu_linear.py) and llama.cpp on a BF16 GGUF that convert_hf_to_gguf.py w
 with the same teacher-forced agreement between the two.
 
 int4 row: kvferry with `--quantization int4 --dtype bfloat16` (kernels/int4_linear.py: the linear layers in
-groups of 32 as the Q4_1 file has them, the LM head in bfloat16) beside llama.cpp on the Q4_1 file, with the
+groups of 32 as the Q4_1 file has them, the LM head in int8 as its Q8_0) beside llama.cpp on the Q4_1 file, with the
 same agreement on that file: kvferry int4, and kvferry float32 (the file dequantized exactly).
 
 llama-cpp-python is not a dependency of kvferry: `make bench-llama-cpp` builds it from source (about ten
@@ -280,12 +280,12 @@ def parameter_count(model: Path) -> int:
 
 def int4_bytes(model: Path, parameters: int) -> float:
     """What a decode step reads in int4: the linear layers at half a byte a weight plus a bfloat16 scale and
-    zero a group of 32, the LM head (the embedding) in bfloat16."""
+    zero a group of 32, the LM head (the embedding) in int8 with a scale a row."""
     import json
 
     config = json.loads((model / "config.json").read_text())
     head = config["vocab_size"] * config["hidden_size"]
-    return 2 * head + (parameters - head) * (0.5 + 4 / 32)
+    return head + 4 * config["vocab_size"] + (parameters - head) * (0.5 + 4 / 32)
 
 
 def gguf_bytes(path: Path) -> int:

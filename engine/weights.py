@@ -2,9 +2,11 @@
 
 Linear layers come as FP8 (kernels/fp8_weight.py) where the checkpoint stores them so, each `*.weight`
 beside its `*.weight_scale`, or in the format `quantize` names (QUANTIZERS), quantized at load; embeddings
-and norms keep the model's dtype, and so does the LM head except in int8, where on a CPU it is a fifth of a
-small model's bytes. In int4 it keeps the model's dtype: 4 bits there cost the real model a tenth of its
-top-1 agreement with float32 (87% against 96.5%, tests/integration/test_cpu_quantized_weights.py).
+and norms keep the model's dtype, and so does the LM head except in int8 and int4, where it is int8: on a
+CPU the head is a fifth of a small model's bytes, and the largest single read of a decode step. In int4 it is
+not 4-bit: that cost the real model a tenth of its top-1 agreement with float32 (87% against 96.5%,
+tests/integration/test_cpu_quantized_weights.py); in int8, as llama.cpp's Q4 files keep it in Q8_0, the
+agreement stayed 96.5%.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ INDEX_FILE = "model.safetensors.index.json"
 QUANTIZERS: dict[str, Callable[[torch.Tensor], LinearWeight]] = {
     "fp8": quantize_fp8, "int8": quantize_int8, "int4": quantize_int4,
 }
-# Formats whose LM head is quantized too.
-QUANTIZED_LM_HEAD = ("int8",)
+# Formats whose LM head is quantized too, and how.
+LM_HEAD_QUANTIZERS: dict[str, Callable[[torch.Tensor], LinearWeight]] = {"int8": quantize_int8, "int4": quantize_int8}
 
 
 def share_weights_file(path: Path) -> None:
@@ -132,4 +134,5 @@ def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
 
 
 def _lm_head(weight: torch.Tensor, quantize: str | None) -> LinearWeight:
-    return QUANTIZERS[quantize](weight) if quantize in QUANTIZED_LM_HEAD else weight
+    quantizer = LM_HEAD_QUANTIZERS.get(quantize) if quantize else None
+    return quantizer(weight) if quantizer else weight
