@@ -146,10 +146,14 @@ def _grouped_attention_float32(
     batch, num_q_heads, head_dim = query.shape
     num_kv_heads = keys.shape[1]
     grouped = query.reshape(batch, num_kv_heads, num_q_heads // num_kv_heads, head_dim).float()
-    scores = torch.matmul(grouped, keys.float().transpose(-1, -2)).mul_(scale)
+    # Converted into packed copies: `.float()` keeps the gathered views' strides, and matmul then copied
+    # them once more to pack them (1.78 -> 0.75 ms a layer for 16 sequences of 192 tokens, one thread).
+    keys = keys.to(torch.float32, memory_format=torch.contiguous_format)
+    values = values.to(torch.float32, memory_format=torch.contiguous_format)
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)).mul_(scale)
     if within is not None:
         scores.masked_fill_(~within[:, None, None, :], float("-inf"))
-    out = torch.matmul(torch.softmax(scores, dim=-1), values.float())
+    out = torch.matmul(torch.softmax(scores, dim=-1), values)
     return out.reshape(batch, num_q_heads, head_dim).to(query.dtype)
 
 
