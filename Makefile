@@ -20,12 +20,12 @@ $(UV):
 	$(UV_HOME)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
 # Every machine installs the versions uv.lock names (--locked fails if pyproject.toml and the lock
-# disagree, rather than resolving anew). The transfer engine's C put loop is built by the install too.
+# disagree, rather than resolving anew). The C libraries (pyproject.toml's ext-modules) are built by the install too.
 # Bytecode is written here, for the packages and for the checkout's own code: where the environment sets
 # PYTHONDONTWRITEBYTECODE (this machine's does), every process otherwise compiled every module it
 # imported, holding the GIL. A decode node's first stream compiled anyio's backend for 0.35 s while a
 # prefill node's KV write waited on its transfer thread, and ran past the e2e tier's 1 s transfer timeout.
-$(STAMP): pyproject.toml uv.lock transfer/_ucp_batch.c $(UV)
+$(STAMP): pyproject.toml uv.lock transfer/_ucp_batch.c kernels/_cpu_attention.c $(UV)
 	$(UV) sync --locked --python $(PYTHON) --extra test --extra dev --compile-bytecode
 	$(BIN)/python -m compileall -q -x '/(\.venv|\.git|build)/' . >/dev/null
 	touch $(STAMP)

@@ -1,7 +1,8 @@
-"""One entry point per kernel: Triton on CUDA tensors, the torch reference everywhere else.
+"""One entry point per kernel: Triton on CUDA tensors, the torch reference everywhere else, but for bfloat16
+decode attention on the CPU, which one C call does (kernels/cpu_attention.py).
 
 `KVFERRY_KERNELS` forces a side: `triton` (also on CPU tensors, which then needs `TRITON_INTERPRET=1`),
-`torch` (the reference, also on CUDA), or `auto`, the default. It is read on every call, so a benchmark
+`torch` (the reference, also on CUDA and for the C kernel), or `auto`, the default. It is read on every call, so a benchmark
 or a test can switch sides within one process.
 
 The Triton modules are imported on first use, not with this package: a CPU process never loads triton,
@@ -20,7 +21,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from kvferry.kernels import cpu_linear, fp8_linear, int4_linear, int8_linear, reference
+from kvferry.kernels import cpu_attention, cpu_linear, fp8_linear, int4_linear, int8_linear, reference
 from kvferry.kernels.fp8_weight import Fp8Weight
 from kvferry.kernels.int4_linear import Int4Weight
 from kvferry.kernels.int8_linear import Int8Weight
@@ -31,11 +32,16 @@ BACKENDS = ("auto", "triton", "torch")
 LinearWeight = torch.Tensor | Fp8Weight | Int8Weight | Int4Weight
 
 
-def use_triton(tensor: torch.Tensor) -> bool:
-    """Whether the kernel for this input runs in Triton, by the variable and the tensor's device."""
+def _backend() -> str:
     choice = os.environ.get(BACKEND_VARIABLE, "auto")
     if choice not in BACKENDS:
         raise ValueError(f"{BACKEND_VARIABLE} must be one of {BACKENDS}, got {choice!r}")
+    return choice
+
+
+def use_triton(tensor: torch.Tensor) -> bool:
+    """Whether the kernel for this input runs in Triton, by the variable and the tensor's device."""
+    choice = _backend()
     return choice == "triton" or (choice == "auto" and tensor.is_cuda)
 
 
@@ -144,6 +150,8 @@ def paged_decode_attention(
         return triton_decode_attention.paged_decode_attention(
             query, key_cache, value_cache, block_tables, context_lens, scale
         )
+    if _backend() == "auto" and cpu_attention.applies(query, key_cache):
+        return cpu_attention.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
     return reference.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
 
 

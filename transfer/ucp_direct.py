@@ -12,11 +12,12 @@ import ctypes
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import libucx
 import numpy as np
 
-from kvferry.transfer import native
+from kvferry.native_library import NativeLibrary
 
 _UCP = ctypes.CDLL(os.path.join(os.path.dirname(libucx.__file__), "lib", "libucp.so"))
 _UCP.ucp_tag_send_nbx.restype = ctypes.c_void_p
@@ -44,7 +45,8 @@ _UCP.ucp_rkey_ptr.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.POINTER(c
 _UCP.ucp_worker_signal.argtypes = [ctypes.c_void_p]
 _UCP.ucs_status_string.restype = ctypes.c_char_p
 _UCP.ucs_status_string.argtypes = [ctypes.c_int]
-_BATCH = native.load()
+# The C put loop: one put path, not a slower copy of it in Python to fall back on.
+_BATCH = NativeLibrary(Path(__file__).with_name("_ucp_batch.c"), "kvferry.transfer's put loop").load()
 _BATCH.kvf_put_many.restype = ctypes.c_int64
 _BATCH.kvf_put_many.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_size_t] + [ctypes.c_void_p] * 6
 _BATCH.kvf_copy_many.restype = None

@@ -1,53 +1,17 @@
-"""The transfer engine's C put loop (transfer/_ucp_batch.c): built in place from source where no build
-exists, rebuilt when older than its source, a clear error without a compiler; and how the loop sorts
-UCP's answers. The real puts over real UCX are tests/integration/test_transfer*.py's; here the put and
+"""The transfer engine's C put loop (transfer/_ucp_batch.c): how it sorts UCP's answers (its build:
+tests/unit/test_native_library.py). The real puts over real UCX are tests/integration/test_transfer*.py's; here the put and
 free functions are fakes that answer as UCP does when puts fail (named so: this is about faults)."""
 
 from __future__ import annotations
 
 import ctypes
-import os
-import shutil
-from pathlib import Path
 
 import numpy as np
-import pytest
 
-from kvferry.transfer import native, ucp_direct
+from kvferry.transfer import ucp_direct
 
 UCS_ERR_CONNECTION_RESET = -25
 UCS_ERR_ENDPOINT_TIMEOUT = -80
-
-
-@pytest.fixture
-def source_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """native with its source in a scratch checkout (a pyproject.toml beside the package folder)."""
-    (tmp_path / "pyproject.toml").write_text("")
-    source = tmp_path / "transfer" / native.SOURCE.name
-    source.parent.mkdir()
-    shutil.copy(native.SOURCE, source)
-    monkeypatch.setattr(native, "SOURCE", source)
-    return source
-
-
-def test_a_tree_without_a_build_compiles_it_in_place(source_copy: Path) -> None:
-    library = native.load()
-    assert hasattr(library, "kvf_put_many")
-    built = list(source_copy.parent.glob("_ucp_batch*.so"))
-    assert len(built) == 1 and not list(source_copy.parent.glob(".*"))  # no temporary left behind
-
-
-def test_a_build_older_than_its_source_is_rebuilt(source_copy: Path) -> None:
-    first = native.build()
-    os.utime(first, (0, 0))  # older than the source
-    native.load()
-    assert first.stat().st_mtime > 0
-
-
-def test_without_a_compiler_the_error_says_what_to_run(source_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("CC", str(source_copy.parent / "no-such-compiler"))
-    with pytest.raises(native.NativeBuildError, match="make venv"):
-        native.load()
 
 
 PUT = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_uint64, ctypes.c_void_p, ctypes.c_void_p)
