@@ -1,5 +1,5 @@
-"""One entry point per kernel: Triton on CUDA tensors, the torch reference everywhere else, but for bfloat16
-decode attention on the CPU, which one C call does (kernels/cpu_attention.py).
+"""One entry point per kernel: Triton on CUDA tensors, the torch reference everywhere else, but for the
+bfloat16 decode step's kernels on the CPU, each one C call (kernels/cpu_bf16.py).
 
 `KVFERRY_KERNELS` forces a side: `triton` (also on CPU tensors, which then needs `TRITON_INTERPRET=1`),
 `torch` (the reference, also on CUDA and for the C kernel), or `auto`, the default. It is read on every call, so a benchmark
@@ -21,7 +21,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from kvferry.kernels import cpu_attention, cpu_linear, fp8_linear, int4_linear, int8_linear, reference
+from kvferry.kernels import cpu_bf16, cpu_linear, fp8_linear, int4_linear, int8_linear, reference
 from kvferry.kernels.fp8_weight import Fp8Weight
 from kvferry.kernels.int4_linear import Int4Weight
 from kvferry.kernels.int8_linear import Int8Weight
@@ -32,17 +32,21 @@ BACKENDS = ("auto", "triton", "torch")
 LinearWeight = torch.Tensor | Fp8Weight | Int8Weight | Int4Weight
 
 
-def _backend() -> str:
+def side(tensor: torch.Tensor) -> str:
+    """Where the kernel for this input runs, by the variable (read once a call) and the tensor's device:
+    "triton", "torch" (the reference), or "native" (the CPU's C kernels where they take the input, else the
+    reference)."""
     choice = os.environ.get(BACKEND_VARIABLE, "auto")
+    if choice == "auto":
+        return "triton" if tensor.is_cuda else "native"
     if choice not in BACKENDS:
         raise ValueError(f"{BACKEND_VARIABLE} must be one of {BACKENDS}, got {choice!r}")
     return choice
 
 
 def use_triton(tensor: torch.Tensor) -> bool:
-    """Whether the kernel for this input runs in Triton, by the variable and the tensor's device."""
-    choice = _backend()
-    return choice == "triton" or (choice == "auto" and tensor.is_cuda)
+    """Whether the kernel for this input runs in Triton."""
+    return side(tensor) == "triton"
 
 
 def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -69,10 +73,13 @@ def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = No
 def rms_norm(
     x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    if use_triton(x):
+    where = side(x)
+    if where == "triton":
         from kvferry.kernels import triton_norm
 
         return triton_norm.rms_norm(x, weight, eps, residual)
+    if where == "native" and cpu_bf16.norm_applies(x, weight, residual):
+        return cpu_bf16.rms_norm(x, weight, eps, residual)
     return reference.rms_norm(x, weight, eps, residual)
 
 
@@ -106,18 +113,24 @@ def apply_rope_and_store_kv(
 ) -> torch.Tensor:
     """RoPE on q and k, the rotated k and v into their pool slots; returns the rotated q."""
     args = (q, k, v, positions, cos_sin_cache, key_cache, value_cache, slot_mapping)
-    if use_triton(q):
+    where = side(q)
+    if where == "triton":
         from kvferry.kernels import triton_rope
 
         return triton_rope.apply_rope_and_store_kv(*args)
+    if where == "native" and cpu_bf16.rope_applies(q, k, v, key_cache):
+        return cpu_bf16.apply_rope_and_store_kv(*args)
     return reference.apply_rope_and_store_kv(*args)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    if use_triton(gate_up):
+    where = side(gate_up)
+    if where == "triton":
         from kvferry.kernels import triton_activation
 
         return triton_activation.silu_and_mul(gate_up)
+    if where == "native" and gate_up.dtype == torch.bfloat16:
+        return cpu_bf16.silu_and_mul(gate_up)
     return reference.silu_and_mul(gate_up)
 
 
@@ -144,14 +157,15 @@ def paged_decode_attention(
     context_lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
-    if use_triton(query):
+    where = side(query)
+    if where == "triton":
         from kvferry.kernels import triton_decode_attention
 
         return triton_decode_attention.paged_decode_attention(
             query, key_cache, value_cache, block_tables, context_lens, scale
         )
-    if _backend() == "auto" and cpu_attention.applies(query, key_cache):
-        return cpu_attention.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
+    if where == "native" and cpu_bf16.attention_applies(query, key_cache):
+        return cpu_bf16.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
     return reference.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
 
 

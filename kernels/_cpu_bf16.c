@@ -1,0 +1,200 @@
+/* bfloat16 kernels for the CPU's decode step, each one C call where torch took several op calls, a fixed
+cost each that a small model's step pays thirty times a token. No Python header: loaded with ctypes
+(kernels/cpu_bf16.py). target_clones builds an AVX-512, an AVX2 and a baseline copy of the loops; the
+loader picks the CPU's at load time.
+
+Arithmetic: as torch computes bfloat16 ops, each in float32 and rounded to bfloat16 (round to nearest even)
+where torch's op ends, so RoPE and the residual add are bit for bit kernels/reference.py's; RMSNorm and the
+attention's softmax differ from it only in the order of float32 sums, and SiLU in float32's last bit of
+exp. Each row's result depends on its own inputs alone: a token's output is the same in any batch.
+*/
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_HEAD_DIM 256
+#define MAX_GROUP 32
+
+enum {
+    OK = 0, SHAPE_UNSUPPORTED = -1, NO_MEMORY = -2, CONTEXT_OUT_OF_TABLE = -3, BLOCK_OUT_OF_POOL = -4,
+    POSITION_OUT_OF_TABLE = -5, SLOT_OUT_OF_POOL = -6,
+};
+
+static inline float bf16_to_float(uint16_t value) {
+    union { uint32_t bits; float number; } convert = { .bits = (uint32_t)value << 16 };
+    return convert.number;
+}
+
+static inline uint16_t float_to_bf16(float number) {
+    union { float number; uint32_t bits; } convert = { .number = number };
+    if ((convert.bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((convert.bits >> 16) | 0x40);  /* NaN */
+    convert.bits += 0x7fffu + ((convert.bits >> 16) & 1u);
+    return (uint16_t)(convert.bits >> 16);
+}
+
+/* The position's row of one kv head, converted to float32 into `row`. */
+static inline void load_row(const uint16_t *cache, const int64_t *table, int64_t position, int64_t block_size,
+                            int64_t block_stride, int64_t position_stride, int64_t head_offset, int64_t dim,
+                            float *row) {
+    const uint16_t *source = cache + table[position / block_size] * block_stride
+                             + (position % block_size) * position_stride + head_offset;
+    for (int64_t d = 0; d < dim; d++) row[d] = bf16_to_float(source[d]);
+}
+
+/* Paged decode attention, one query token per sequence, reading K and V in place from the pool's blocks:
+each kv head's group of query heads at once, the scores of every context position in float32, a softmax,
+the values weighted in float32, the output rounded once (`_grouped_attention_float32` in reference.py).
+query, out: [batch, q_heads, dim], packed. key_cache, value_cache: [num_blocks, block_size, kv_heads, dim]
+   views with these strides (in elements; dim's is 1). block_tables: [batch, table_width] with row stride
+   table_stride. Returns OK or what was wrong, before anything is written on a bad table. */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+int kvf_decode_attention_bf16(const uint16_t *query, const uint16_t *key_cache, const uint16_t *value_cache,
+                              const int64_t *block_tables, int64_t table_stride, int64_t table_width,
+                              const int64_t *context_lens, uint16_t *out, int64_t batch, int64_t q_heads,
+                              int64_t kv_heads, int64_t dim, int64_t num_blocks, int64_t block_size,
+                              int64_t block_stride, int64_t position_stride, int64_t head_stride, float scale) {
+    if (kv_heads < 1 || q_heads % kv_heads || q_heads / kv_heads > MAX_GROUP || dim < 1 || dim > MAX_HEAD_DIM)
+        return SHAPE_UNSUPPORTED;
+    int64_t group = q_heads / kv_heads, longest = 1;
+    for (int64_t b = 0; b < batch; b++) {
+        int64_t length = context_lens[b];
+        if (length < 1 || length > table_width * block_size) return CONTEXT_OUT_OF_TABLE;
+        for (int64_t i = 0; i < (length + block_size - 1) / block_size; i++) {
+            int64_t block = block_tables[b * table_stride + i];
+            if (block < 0 || block >= num_blocks) return BLOCK_OUT_OF_POOL;
+        }
+        if (length > longest) longest = length;
+    }
+    float *scores = malloc(sizeof(float) * (size_t)longest * (size_t)group);
+    if (!scores) return NO_MEMORY;
+    float queries[MAX_GROUP][MAX_HEAD_DIM], sums[MAX_GROUP][MAX_HEAD_DIM], row[MAX_HEAD_DIM];
+    for (int64_t b = 0; b < batch; b++) {
+        int64_t length = context_lens[b];
+        const int64_t *table = block_tables + b * table_stride;
+        for (int64_t h = 0; h < kv_heads; h++) {
+            for (int64_t g = 0; g < group; g++) {
+                const uint16_t *source = query + (b * q_heads + h * group + g) * dim;
+                for (int64_t d = 0; d < dim; d++) queries[g][d] = bf16_to_float(source[d]);
+            }
+            float largest[MAX_GROUP];
+            for (int64_t g = 0; g < group; g++) largest[g] = -INFINITY;
+            for (int64_t t = 0; t < length; t++) {
+                load_row(key_cache, table, t, block_size, block_stride, position_stride, h * head_stride, dim, row);
+                for (int64_t g = 0; g < group; g++) {
+                    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+                    for (int64_t d = 0; d < dim; d++) dot += queries[g][d] * row[d];
+                    dot *= scale;
+                    scores[g * length + t] = dot;
+                    if (dot > largest[g]) largest[g] = dot;
+                }
+            }
+            float totals[MAX_GROUP];
+            for (int64_t g = 0; g < group; g++) {
+                float *weights = scores + g * length, total = 0.0f, top = largest[g];
+                for (int64_t t = 0; t < length; t++) {
+                    weights[t] = expf(weights[t] - top);
+                    total += weights[t];
+                }
+                totals[g] = total;
+                memset(sums[g], 0, sizeof(float) * (size_t)dim);
+            }
+            for (int64_t t = 0; t < length; t++) {
+                load_row(value_cache, table, t, block_size, block_stride, position_stride, h * head_stride, dim, row);
+                for (int64_t g = 0; g < group; g++) {
+                    float weight = scores[g * length + t];
+                    for (int64_t d = 0; d < dim; d++) sums[g][d] += weight * row[d];
+                }
+            }
+            for (int64_t g = 0; g < group; g++) {
+                uint16_t *target = out + (b * q_heads + h * group + g) * dim;
+                float inverse = 1.0f / totals[g];
+                for (int64_t d = 0; d < dim; d++) target[d] = float_to_bf16(sums[g][d] * inverse);
+            }
+        }
+    }
+    free(scores);
+    return OK;
+}
+
+/* Residual add, then RMSNorm of each row: x + residual rounded (the new residual, into `residual_out`), its
+mean square in float32, the row times its reciprocal root rounded, then times the weight rounded
+(reference.rms_norm's 16-bit arithmetic). x, residual (may be NULL), weight, out, residual_out: packed. */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void kvf_rms_norm_bf16(const uint16_t *x, const uint16_t *residual, const uint16_t *weight, uint16_t *out,
+                       uint16_t *residual_out, int64_t rows, int64_t width, float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *in = x + r * width;
+        uint16_t *sum_row = residual_out + r * width, *target = out + r * width;
+        float squares = 0.0f;
+        if (residual) {
+            const uint16_t *add = residual + r * width;
+            for (int64_t i = 0; i < width; i++) sum_row[i] = float_to_bf16(bf16_to_float(in[i]) + bf16_to_float(add[i]));
+        } else if (sum_row != in) {
+            memcpy(sum_row, in, sizeof(uint16_t) * (size_t)width);
+        }
+#pragma omp simd reduction(+ : squares)
+        for (int64_t i = 0; i < width; i++) squares += bf16_to_float(sum_row[i]) * bf16_to_float(sum_row[i]);
+        float inverse = 1.0f / sqrtf(squares / (float)width + eps);
+        for (int64_t i = 0; i < width; i++) {
+            float normalized = bf16_to_float(float_to_bf16(bf16_to_float(sum_row[i]) * inverse));
+            target[i] = float_to_bf16(bf16_to_float(weight[i]) * normalized);
+        }
+    }
+}
+
+/* Neox RoPE of one head's row: x * cos + rotated(x) * sin, each product and the sum rounded, cos and sin
+rounded from the float32 table first (reference.rotate_neox on bfloat16). */
+static inline void rotate_row(const uint16_t *x, const float *cos, const float *sin, int64_t dim, uint16_t *out) {
+    int64_t half = dim / 2;
+    for (int64_t d = 0; d < dim; d++) {
+        float rotated = d < half ? -bf16_to_float(x[d + half]) : bf16_to_float(x[d - half]);
+        float straight = bf16_to_float(float_to_bf16(bf16_to_float(x[d]) * bf16_to_float(float_to_bf16(cos[d]))));
+        float turned = bf16_to_float(float_to_bf16(rotated * bf16_to_float(float_to_bf16(sin[d]))));
+        out[d] = float_to_bf16(straight + turned);
+    }
+}
+
+/* RoPE on q and k, the rotated k and v into their pool slots (block = slot / block_size), the rotated q into
+q_out ([tokens, q_heads, dim], packed). q, k, v: rows `token_stride` apart, heads `dim` apart (the views of
+one qkv matmul's output). cos_sin: float32 [max_positions, 2, dim]. Caches: [num_blocks, block_size,
+kv_heads, dim] views with these strides, K and V alike. Every position and slot is checked first. */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+int kvf_rope_store_kv_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_t token_stride,
+                           const int64_t *positions, const float *cos_sin, int64_t max_positions,
+                           uint16_t *key_cache, uint16_t *value_cache, const int64_t *slot_mapping, uint16_t *q_out,
+                           int64_t tokens, int64_t q_heads, int64_t kv_heads, int64_t dim, int64_t num_blocks,
+                           int64_t block_size, int64_t block_stride, int64_t position_stride, int64_t head_stride) {
+    if (dim % 2) return SHAPE_UNSUPPORTED;
+    for (int64_t t = 0; t < tokens; t++) {
+        if (positions[t] < 0 || positions[t] >= max_positions) return POSITION_OUT_OF_TABLE;
+        if (slot_mapping[t] < 0 || slot_mapping[t] >= num_blocks * block_size) return SLOT_OUT_OF_POOL;
+    }
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *cos = cos_sin + positions[t] * 2 * dim, *sin = cos + dim;
+        for (int64_t h = 0; h < q_heads; h++) rotate_row(q + t * token_stride + h * dim, cos, sin, dim, q_out + (t * q_heads + h) * dim);
+        int64_t slot = slot_mapping[t];
+        int64_t place = (slot / block_size) * block_stride + (slot % block_size) * position_stride;
+        for (int64_t h = 0; h < kv_heads; h++) {
+            rotate_row(k + t * token_stride + h * dim, cos, sin, dim, key_cache + place + h * head_stride);
+            memcpy(value_cache + place + h * head_stride, v + t * token_stride + h * dim, sizeof(uint16_t) * (size_t)dim);
+        }
+    }
+    return OK;
+}
+
+/* SiLU(gate) * up of each row of gate_up ([rows, 2 * width], packed): SiLU in float32 rounded, the product
+rounded (reference.silu_and_mul on bfloat16). */
+__attribute__((target_clones("avx512f", "avx2", "default")))
+void kvf_silu_and_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t width) {
+    for (int64_t r = 0; r < rows; r++) {
+        const uint16_t *gate = gate_up + r * 2 * width, *up = gate + width;
+        uint16_t *target = out + r * width;
+        for (int64_t i = 0; i < width; i++) {
+            float g = bf16_to_float(gate[i]);
+            float activated = bf16_to_float(float_to_bf16(g / (1.0f + expf(-g))));
+            target[i] = float_to_bf16(activated * bf16_to_float(up[i]));
+        }
+    }
+}
