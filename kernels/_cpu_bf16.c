@@ -1,12 +1,13 @@
 /* bfloat16 kernels for the CPU's decode step, each one C call where torch took several op calls, a fixed
 cost each that a small model's step pays thirty times a token. No Python header: loaded with ctypes
-(kernels/cpu_bf16.py). target_clones builds an AVX-512, an AVX2 and a baseline copy of the loops; the
-loader picks the CPU's at load time.
+(kernels/cpu_bf16.py). target_clones builds an x86-64-v4 (AVX-512), an x86-64-v3 (AVX2, FMA) and a
+baseline copy of each kernel; the loader picks the CPU's at load time.
 
 Arithmetic: as torch computes bfloat16 ops, each in float32 and rounded to bfloat16 (round to nearest even)
 where torch's op ends, so RoPE and the residual add are bit for bit kernels/reference.py's; RMSNorm and the
-attention's softmax differ from it only in the order of float32 sums, and SiLU in float32's last bit of
-exp. Each row's result depends on its own inputs alone: a token's output is the same in any batch.
+attention's softmax differ from it only in the order of float32 sums and in float32's last bits of e^x (a
+polynomial here, torch's own vectorized one there), SiLU in the latter. Each row's result depends on its
+own inputs alone: a token's output is the same in any batch.
 */
 #include <math.h>
 #include <stdint.h>
@@ -22,15 +23,41 @@ enum {
 };
 
 static inline float bf16_to_float(uint16_t value) {
-    union { uint32_t bits; float number; } convert = { .bits = (uint32_t)value << 16 };
-    return convert.number;
+    uint32_t bits = (uint32_t)value << 16;
+    float number;
+    memcpy(&number, &bits, sizeof number);
+    return number;
 }
 
 static inline uint16_t float_to_bf16(float number) {
-    union { float number; uint32_t bits; } convert = { .number = number };
-    if ((convert.bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((convert.bits >> 16) | 0x40);  /* NaN */
-    convert.bits += 0x7fffu + ((convert.bits >> 16) & 1u);
-    return (uint16_t)(convert.bits >> 16);
+    uint32_t bits;
+    memcpy(&bits, &number, sizeof bits);
+    uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    return (uint16_t)((bits & 0x7fffffffu) > 0x7f800000u ? (bits >> 16) | 0x40u : rounded);  /* NaN stays NaN */
+}
+
+/* e^x in a form the compiler vectorizes (libm's expf is a call per element): 2^n * e^r, n = x / ln 2 rounded
+(by adding 1.5 * 2^23, whose float sum keeps n in its low bits: no floorf, which gcc leaves scalar), r = x - n ln 2
+in two parts (Cody-Waite), e^r by Cephes' degree-6 polynomial, within 2 ulp of expf. */
+static inline float exp_vectorizable(float x) {
+    const float round_shift = 12582912.0f;  /* 1.5 * 2^23 */
+    float clamped = x < -87.3f ? -87.3f : (x > 88.7f ? 88.7f : x);  /* fminf/fmaxf kept the loop scalar */
+    float shifted = clamped * 1.44269504088896341f + round_shift;
+    float n = shifted - round_shift;
+    float r = clamped - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    uint32_t n_bits, scale_bits;
+    memcpy(&n_bits, &shifted, sizeof n_bits);
+    scale_bits = (n_bits - 0x4b400000u + 127u) << 23;  /* 2^n: n + 127 in the exponent field */
+    float scale;
+    memcpy(&scale, &scale_bits, sizeof scale);
+    return x > 88.7f ? INFINITY : (x < -87.3f ? 0.0f : y * scale);
 }
 
 /* The position's row of one kv head, converted to float32 into `row`. */
@@ -48,7 +75,7 @@ the values weighted in float32, the output rounded once (`_grouped_attention_flo
 query, out: [batch, q_heads, dim], packed. key_cache, value_cache: [num_blocks, block_size, kv_heads, dim]
    views with these strides (in elements; dim's is 1). block_tables: [batch, table_width] with row stride
    table_stride. Returns OK or what was wrong, before anything is written on a bad table. */
-__attribute__((target_clones("avx512f", "avx2", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 int kvf_decode_attention_bf16(const uint16_t *query, const uint16_t *key_cache, const uint16_t *value_cache,
                               const int64_t *block_tables, int64_t table_stride, int64_t table_width,
                               const int64_t *context_lens, uint16_t *out, int64_t batch, int64_t q_heads,
@@ -93,8 +120,9 @@ int kvf_decode_attention_bf16(const uint16_t *query, const uint16_t *key_cache, 
             float totals[MAX_GROUP];
             for (int64_t g = 0; g < group; g++) {
                 float *weights = scores + g * length, total = 0.0f, top = largest[g];
+#pragma omp simd reduction(+ : total)
                 for (int64_t t = 0; t < length; t++) {
-                    weights[t] = expf(weights[t] - top);
+                    weights[t] = exp_vectorizable(weights[t] - top);
                     total += weights[t];
                 }
                 totals[g] = total;
@@ -121,7 +149,7 @@ int kvf_decode_attention_bf16(const uint16_t *query, const uint16_t *key_cache, 
 /* Residual add, then RMSNorm of each row: x + residual rounded (the new residual, into `residual_out`), its
 mean square in float32, the row times its reciprocal root rounded, then times the weight rounded
 (reference.rms_norm's 16-bit arithmetic). x, residual (may be NULL), weight, out, residual_out: packed. */
-__attribute__((target_clones("avx512f", "avx2", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void kvf_rms_norm_bf16(const uint16_t *x, const uint16_t *residual, const uint16_t *weight, uint16_t *out,
                        uint16_t *residual_out, int64_t rows, int64_t width, float eps) {
     for (int64_t r = 0; r < rows; r++) {
@@ -160,7 +188,7 @@ static inline void rotate_row(const uint16_t *x, const float *cos, const float *
 q_out ([tokens, q_heads, dim], packed). q, k, v: rows `token_stride` apart, heads `dim` apart (the views of
 one qkv matmul's output). cos_sin: float32 [max_positions, 2, dim]. Caches: [num_blocks, block_size,
 kv_heads, dim] views with these strides, K and V alike. Every position and slot is checked first. */
-__attribute__((target_clones("avx512f", "avx2", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 int kvf_rope_store_kv_bf16(const uint16_t *q, const uint16_t *k, const uint16_t *v, int64_t token_stride,
                            const int64_t *positions, const float *cos_sin, int64_t max_positions,
                            uint16_t *key_cache, uint16_t *value_cache, const int64_t *slot_mapping, uint16_t *q_out,
@@ -186,15 +214,21 @@ int kvf_rope_store_kv_bf16(const uint16_t *q, const uint16_t *k, const uint16_t 
 
 /* SiLU(gate) * up of each row of gate_up ([rows, 2 * width], packed): SiLU in float32 rounded, the product
 rounded (reference.silu_and_mul on bfloat16). */
-__attribute__((target_clones("avx512f", "avx2", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void kvf_silu_and_mul_bf16(const uint16_t *gate_up, uint16_t *out, int64_t rows, int64_t width) {
+    float activated[256];  /* a chunk of the row's SiLU: two plain loops, each of which gcc vectorizes */
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *gate = gate_up + r * 2 * width, *up = gate + width;
         uint16_t *target = out + r * width;
-        for (int64_t i = 0; i < width; i++) {
-            float g = bf16_to_float(gate[i]);
-            float activated = bf16_to_float(float_to_bf16(g / (1.0f + expf(-g))));
-            target[i] = float_to_bf16(activated * bf16_to_float(up[i]));
+        for (int64_t start = 0; start < width; start += 256) {
+            int64_t count = width - start < 256 ? width - start : 256;
+#pragma omp simd
+            for (int64_t i = 0; i < count; i++) {
+                float g = bf16_to_float(gate[start + i]);
+                activated[i] = bf16_to_float(float_to_bf16(g / (1.0f + exp_vectorizable(-g))));
+            }
+            for (int64_t i = 0; i < count; i++)
+                target[start + i] = float_to_bf16(activated[i] * bf16_to_float(up[start + i]));
         }
     }
 }
