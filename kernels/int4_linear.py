@@ -70,6 +70,8 @@ def linear(x: torch.Tensor, weight: Int4Weight, bias: torch.Tensor | None) -> to
     result depends on that row alone."""
     if x.device.type != "cpu":
         raise ValueError(f"int4 weights run on the CPU only, got activations on {x.device}")
+    if bias is None and x.dim() == 2 and x.dtype == torch.bfloat16 and x.is_contiguous():
+        return _product(x, weight)  # the engine's own case: five no-op calls fewer, a few microseconds each
     rows = x.reshape(-1, x.shape[-1]).to(torch.bfloat16).contiguous()  # the kernel reads rows packed
     out = _product(rows, weight).to(x.dtype)
     if bias is not None:
