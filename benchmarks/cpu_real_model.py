@@ -26,8 +26,11 @@ kernels/cpu_linear.py) and llama.cpp on a BF16 GGUF that convert_hf_to_gguf.py w
 with the same teacher-forced agreement between the two.
 
 int4 row: kvferry with `--quantization int4 --dtype bfloat16` (kernels/int4_linear.py: the linear layers in
-groups of 32 as the Q4_1 file has them, the LM head in int8 as its Q8_0) beside llama.cpp on the Q4_1 file, with the
-same agreement on that file: kvferry int4, and kvferry float32 (the file dequantized exactly).
+groups of 32 as the Q4_1 file has them, the LM head in int8 as its Q8_0) beside llama.cpp on the Q4_1 file,
+with the same agreement on that file: kvferry int4, and kvferry float32 (the file dequantized exactly).
+
+bfloat16 and int4 run twice: with the C kernels of bfloat16's decode step (kernels/cpu_bf16.py, the default)
+and with `KVFERRY_KERNELS=torch` ("torch kernels"), the torch ops they replace.
 
 llama-cpp-python is not a dependency of kvferry: `make bench-llama-cpp` builds it from source (about ten
 minutes here); its source distribution carries the convert script, unpacked once into the kvferry cache.
@@ -38,12 +41,14 @@ minutes here); its source distribution carries the convert script, unpacked once
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import subprocess
 import sys
 import tarfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -58,6 +63,7 @@ from benchmarks.harness.table import print_table
 from benchmarks.harness.warmup import warm_up
 from kvferry.engine import LLM, SamplingParams
 from kvferry.engine.model_source import default_gguf, default_model
+from kvferry.kernels.dispatch import BACKEND_VARIABLE
 
 THREADS = torch.get_num_threads()
 # ctypes callbacks handed to llama.cpp, kept alive for as long as the process runs (it may call them any time).
@@ -128,16 +134,32 @@ def rows_from(
     }, tokens
 
 
-def kvferry_generate(model: Path, quantization: str | None = None, dtype: str = "float32") -> Generate:
+def kvferry_generate(model: Path, quantization: str | None = None, dtype: str = "float32",
+                     kernels: str = "auto") -> Generate:
+    """`kernels`: KVFERRY_KERNELS while it generates ("torch": without the bfloat16 C kernels)."""
     llm = LLM(model, dtype=dtype, quantization=quantization)
 
     def generate(batch: list[list[int]], new_tokens: int) -> list[list[int]]:
         params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-        outputs = llm.generate([{"prompt_token_ids": p} for p in batch], params)
+        with kernels_side(kernels):
+            outputs = llm.generate([{"prompt_token_ids": p} for p in batch], params)
         assert all(len(o.outputs[0].token_ids) == new_tokens for o in outputs)
         return [list(o.outputs[0].token_ids) for o in outputs]
 
     return generate
+
+
+@contextlib.contextmanager
+def kernels_side(side: str) -> Iterator[None]:
+    before = os.environ.get(BACKEND_VARIABLE)
+    os.environ[BACKEND_VARIABLE] = side
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[BACKEND_VARIABLE]
+        else:
+            os.environ[BACKEND_VARIABLE] = before
 
 
 def transformers_generate(model: Path) -> Generate:
@@ -341,11 +363,15 @@ def main(argv: list[str] | None = None) -> int:
         "llama.cpp F32 GGUF": (lambda: llama_cpp_generate(f32, sizes), gguf_bytes(f32)),
         "llama.cpp Q4_1 GGUF": (lambda: llama_cpp_generate(q4, sizes), gguf_bytes(q4)),
         "kvferry bfloat16": (lambda: kvferry_generate(model, dtype="bfloat16"), 2 * parameters),
+        "kvferry bfloat16, torch kernels": (lambda: kvferry_generate(model, dtype="bfloat16", kernels="torch"),
+                                            2 * parameters),
         "llama.cpp BF16 GGUF": (lambda: llama_cpp_generate(bf16, sizes), gguf_bytes(bf16)),
         "kvferry int8": (lambda: kvferry_generate(model, "int8"), parameters),
         "llama.cpp Q8_0 GGUF": (lambda: llama_cpp_generate(q8, sizes), gguf_bytes(q8)),
         "kvferry int8 on the Q8_0 GGUF": (lambda: kvferry_generate(q8, "int8"), parameters),
         "kvferry int4": (lambda: kvferry_generate(model, "int4", dtype="bfloat16"), int4_bytes(model, parameters)),
+        "kvferry int4, torch kernels": (lambda: kvferry_generate(model, "int4", dtype="bfloat16", kernels="torch"),
+                                        int4_bytes(model, parameters)),
     }
     bandwidth = read_bandwidth()
     print(f"memory read bandwidth: {bandwidth / 1e9:.1f} GB/s", flush=True)
