@@ -20,7 +20,8 @@ $(UV):
 	$(UV_HOME)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
 # Every machine installs the versions uv.lock names (--locked fails if pyproject.toml and the lock
-# disagree, rather than resolving anew). The C libraries (pyproject.toml's ext-modules) are built by the install too.
+# disagree, rather than resolving anew). The C libraries (pyproject.toml's ext-modules) are built by the
+# install too.
 # Bytecode is written here, for the packages and for the checkout's own code: where the environment sets
 # PYTHONDONTWRITEBYTECODE (this machine's does), every process otherwise compiled every module it
 # imported, holding the GIL. A decode node's first stream compiled anyio's backend for 0.35 s while a

@@ -31,7 +31,9 @@ QUANTIZERS: dict[str, Callable[[torch.Tensor], LinearWeight]] = {
     "fp8": quantize_fp8, "int8": quantize_int8, "int4": quantize_int4,
 }
 # Formats whose LM head is quantized too, and how.
-LM_HEAD_QUANTIZERS: dict[str, Callable[[torch.Tensor], LinearWeight]] = {"int8": quantize_int8, "int4": quantize_int8}
+LM_HEAD_QUANTIZERS: dict[str, Callable[[torch.Tensor], LinearWeight]] = {
+    "int8": quantize_int8, "int4": quantize_int8,
+}
 
 
 def share_weights_file(path: Path) -> None:
@@ -134,5 +136,5 @@ def load_weights(model_dir: str | Path, config: ModelConfig, dtype: torch.dtype,
 
 
 def _lm_head(weight: torch.Tensor, quantize: str | None) -> LinearWeight:
-    quantizer = LM_HEAD_QUANTIZERS.get(quantize) if quantize else None
+    quantizer = LM_HEAD_QUANTIZERS.get(quantize or "")
     return quantizer(weight) if quantizer else weight

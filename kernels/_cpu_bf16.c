@@ -148,25 +148,26 @@ int kvf_decode_attention_bf16(const uint16_t *query, const uint16_t *key_cache, 
 
 /* Residual add, then RMSNorm of each row: x + residual rounded (the new residual, into `residual_out`), its
 mean square in float32, the row times its reciprocal root rounded, then times the weight rounded
-(reference.rms_norm's 16-bit arithmetic). x, residual (may be NULL), weight, out, residual_out: packed. */
+(reference.rms_norm's 16-bit arithmetic). Without a residual (NULL) the row itself is normalized and
+`residual_out` is not written. x, residual, weight, out, residual_out: packed. */
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 void kvf_rms_norm_bf16(const uint16_t *x, const uint16_t *residual, const uint16_t *weight, uint16_t *out,
                        uint16_t *residual_out, int64_t rows, int64_t width, float eps) {
     for (int64_t r = 0; r < rows; r++) {
-        const uint16_t *in = x + r * width;
-        uint16_t *sum_row = residual_out + r * width, *target = out + r * width;
-        float squares = 0.0f;
+        const uint16_t *row = x + r * width;
+        uint16_t *target = out + r * width;
         if (residual) {
             const uint16_t *add = residual + r * width;
-            for (int64_t i = 0; i < width; i++) sum_row[i] = float_to_bf16(bf16_to_float(in[i]) + bf16_to_float(add[i]));
-        } else if (sum_row != in) {
-            memcpy(sum_row, in, sizeof(uint16_t) * (size_t)width);
+            uint16_t *sum_row = residual_out + r * width;
+            for (int64_t i = 0; i < width; i++) sum_row[i] = float_to_bf16(bf16_to_float(row[i]) + bf16_to_float(add[i]));
+            row = sum_row;
         }
+        float squares = 0.0f;
 #pragma omp simd reduction(+ : squares)
-        for (int64_t i = 0; i < width; i++) squares += bf16_to_float(sum_row[i]) * bf16_to_float(sum_row[i]);
+        for (int64_t i = 0; i < width; i++) squares += bf16_to_float(row[i]) * bf16_to_float(row[i]);
         float inverse = 1.0f / sqrtf(squares / (float)width + eps);
         for (int64_t i = 0; i < width; i++) {
-            float normalized = bf16_to_float(float_to_bf16(bf16_to_float(sum_row[i]) * inverse));
+            float normalized = bf16_to_float(float_to_bf16(bf16_to_float(row[i]) * inverse));
             target[i] = float_to_bf16(bf16_to_float(weight[i]) * normalized);
         }
     }

@@ -120,14 +120,14 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     """reference.rms_norm for bfloat16: (normalized, new residual)."""
     x, weight = _packed(x, _BF16), _packed(weight, _BF16)
     out = torch.empty_like(x)
-    if residual is None:
-        summed = x  # no add: the row itself is the residual, as the reference returns it
-    else:
-        residual = _packed(residual, _BF16)
-        summed = torch.empty_like(x)
     width = x.shape[-1]
-    _call("kvf_rms_norm_bf16", x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
-          out.data_ptr(), summed.data_ptr(), x.numel() // width, width, eps)  # fmt: skip
+    if residual is None:  # no add: the row itself is the residual, as the reference returns it
+        _call("kvf_rms_norm_bf16", x.data_ptr(), None, weight.data_ptr(), out.data_ptr(), None, x.numel() // width,
+              width, eps)  # fmt: skip
+        return out, x
+    residual, summed = _packed(residual, _BF16), torch.empty_like(x)
+    _call("kvf_rms_norm_bf16", x.data_ptr(), residual.data_ptr(), weight.data_ptr(), out.data_ptr(), summed.data_ptr(),
+          x.numel() // width, width, eps)  # fmt: skip
     return out, summed
 
 

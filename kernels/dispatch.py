@@ -2,8 +2,8 @@
 bfloat16 decode step's kernels on the CPU, each one C call (kernels/cpu_bf16.py).
 
 `KVFERRY_KERNELS` forces a side: `triton` (also on CPU tensors, which then needs `TRITON_INTERPRET=1`),
-`torch` (the reference, also on CUDA and for the C kernel), or `auto`, the default. It is read on every call, so a benchmark
-or a test can switch sides within one process.
+`torch` (the reference, also on CUDA and in place of the C kernels), or `auto`, the default. It is read on
+every call, so a benchmark or a test can switch sides within one process.
 
 The Triton modules are imported on first use, not with this package: a CPU process never loads triton,
 and a process that interprets the kernels can set `TRITON_INTERPRET` before the first import decides
