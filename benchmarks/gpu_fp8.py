@@ -16,7 +16,9 @@ In one run:
   concurrency 64, and FP8's greedy agreement with bf16 over 8 prompts x 128 tokens, both free-running and
   teacher-forced (FP8's top-1 after each bf16 prefix, one single-token request per position);
 - the same agreement for the checkpoint served in float32: how far rounding alone, bf16's against float32's,
-  moves this random model's top-1, the floor FP8's figure is read against.
+  moves this random model's top-1, the floor FP8's figure is read against;
+- bf16 and FP8 served again with every kernel launched the ordinary way (`KVFERRY_PDL=0`): what programmatic
+  dependent launch (kernels/pdl.py) gains.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from kvferry.engine import LLMEngine, SamplingParams
 from kvferry.engine.engine_args import EngineArgs
 from kvferry.engine.make_model import make_model
 from kvferry.kernels import dispatch as kernels
+from kvferry.kernels import pdl
 from kvferry.kernels.fp8_linear import scaled_mm
 from kvferry.kernels.fp8_weight import quantize_fp8
 
@@ -204,8 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     vocab_prompts = None
     outputs: dict[str, Any] = {}
     # bf16 first: its greedy tokens are what FP8, and float32 as the measure of how much any rounding moves
-    # this random model's top-1, are held against.
-    for name, dtype, quantization in (("bf16", "bfloat16", None), ("fp8", "bfloat16", "fp8"), ("fp32", "float32", None)):
+    # this random model's top-1, are held against. Each 16-bit format is also served with every kernel
+    # launched the ordinary way (KVFERRY_PDL=0, kernels/pdl.py), the baseline of programmatic launch.
+    for name, dtype, quantization in (("bf16", "bfloat16", None), ("bf16_no_pdl", "bfloat16", None),
+                                      ("fp8", "bfloat16", "fp8"), ("fp8_no_pdl", "bfloat16", "fp8"),
+                                      ("fp32", "float32", None)):  # fmt: skip
+        os.environ[pdl.VARIABLE] = "0" if name.endswith("_no_pdl") else "1"
         started = time.perf_counter()
         engine = _engine(args.model, dtype, quantization)
         summary[f"{name}_start_s"] = time.perf_counter() - started
@@ -215,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
             c1 = summary[name]["c1"]
             print(f"{name}: batch-1 TPOT {c1['tpot_ms']:.2f} ms (roofline {c1['roofline_tpot_ms']:.2f}, "
                   f"{c1['fraction_of_roofline_tpot']:.0%}), c64 TPOT {summary[name]['c64']['tpot_ms']:.2f} ms", flush=True)  # fmt: skip
-        outputs[name] = _greedy(engine, vocab_prompts, AGREEMENT_TOKENS)
-        if name != "bf16":
+        if not name.endswith("_no_pdl"):
+            outputs[name] = _greedy(engine, vocab_prompts, AGREEMENT_TOKENS)
+        if name in ("fp8", "fp32"):
             prefixes = [ids + out[:t] for ids, out in zip(vocab_prompts, outputs["bf16"], strict=True) for t in range(len(out))]
             forced = [out[0] for out in _greedy(engine, prefixes, 1)]
             key = "agreement" if name == "fp8" else "fp32_agreement_with_bf16"
@@ -226,6 +234,10 @@ def main(argv: list[str] | None = None) -> int:
         del engine
         gc.collect()
         torch.cuda.empty_cache()
+    os.environ.pop(pdl.VARIABLE)
+    for name in ("bf16", "fp8"):
+        summary[f"{name}_pdl_speedup_batch1_tpot"] = summary[f"{name}_no_pdl"]["c1"]["tpot_ms"] / summary[name]["c1"]["tpot_ms"]
+        print(f"{name}: programmatic launch {summary[f'{name}_pdl_speedup_batch1_tpot']:.3f}x at batch 1", flush=True)
     summary["fp8_speedup_batch1_tpot"] = summary["bf16"]["c1"]["tpot_ms"] / summary["fp8"]["c1"]["tpot_ms"]
     print(f"FP8 batch-1 TPOT {summary['fp8_speedup_batch1_tpot']:.2f}x bf16", flush=True)
     save()

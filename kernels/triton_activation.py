@@ -9,13 +9,17 @@ import torch
 import triton
 import triton.language as tl
 
+from kvferry.kernels import pdl
+from kvferry.kernels.pdl import wait_for_predecessor
+
 BLOCK = 1024
 
 
 @triton.jit
 def _silu_and_mul_kernel(
-    gate_up_ptr, out_ptr, stride_in_row, stride_in_col, stride_out_row, width, BLOCK: tl.constexpr
+    gate_up_ptr, out_ptr, stride_in_row, stride_in_col, stride_out_row, width, BLOCK: tl.constexpr, PDL: tl.constexpr
 ):
+    wait_for_predecessor(PDL)
     row, chunk = tl.program_id(0), tl.program_id(1)
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
     mask = cols < width
@@ -36,7 +40,8 @@ def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torc
     if rows_in.shape[0] == 0:
         return out
     grid = (rows_in.shape[0], triton.cdiv(width, BLOCK))
+    use_pdl = pdl.enabled(gate_up)
     _silu_and_mul_kernel[grid](gate_up_ptr=rows_in, out_ptr=rows_out, stride_in_row=rows_in.stride(0),
                                stride_in_col=rows_in.stride(1), stride_out_row=rows_out.stride(0),
-                               width=width, BLOCK=BLOCK)  # fmt: skip
+                               width=width, BLOCK=BLOCK, PDL=use_pdl, launch_pdl=use_pdl)  # fmt: skip
     return out

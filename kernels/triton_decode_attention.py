@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kvferry.kernels import pdl
+from kvferry.kernels.pdl import wait_for_predecessor
 from kvferry.kernels.triton_attention_common import (
     LOG2_E,
     device_multiprocessors,
@@ -133,7 +135,9 @@ def _decode_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_predecessor(PDL)
     seq, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     context_len = tl.load(context_lens_ptr + seq).to(tl.int32)
     span = tl.cdiv(tl.cdiv(context_len, num_splits), BLOCK_N) * BLOCK_N
@@ -242,6 +246,7 @@ def paged_decode_attention(
     block_m, block_s = triton.next_power_of_2(group), max(2, triton.next_power_of_2(num_splits))
     partial_out = torch.empty(batch, num_q_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
     partial_lse = torch.empty(batch, num_q_heads, num_splits, dtype=torch.float32, device=query.device)
+    use_pdl = pdl.enabled(query)
     _decode_kernel[(batch, num_kv_heads, num_splits)](
         query,
         key_cache,
@@ -272,7 +277,9 @@ def paged_decode_attention(
         BLOCK_D=triton.next_power_of_2(head_dim),
         BLOCK_S=block_s,
         PRECISION=dot_precision(query.dtype),
+        PDL=use_pdl,
         num_warps=tiling.num_warps,
         num_stages=tiling.num_stages,
+        launch_pdl=use_pdl,
     )
     return out

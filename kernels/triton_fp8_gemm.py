@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kvferry.kernels import pdl
+from kvferry.kernels.pdl import wait_for_predecessor
 from kvferry.kernels.triton_attention_common import device_multiprocessors
 
 
@@ -38,7 +40,9 @@ def tiling_for(rows: int) -> Fp8GemmTiling:
 
 @triton.jit
 def _fp8_gemm_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om, k_per_split,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):  # fmt: skip
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                     PDL: tl.constexpr):  # fmt: skip
+    wait_for_predecessor(PDL)
     pid_n, split = tl.program_id(0), tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -83,8 +87,9 @@ def fp8_gemm(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor,
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     else:
         out = torch.zeros(m, n, dtype=torch.float32, device=x.device)
+    use_pdl = pdl.enabled(x)
     _fp8_gemm_kernel[(programs_n, split_k)](x, data, scale, out, m, n, k, x.stride(0), data.stride(0), out.stride(0),
                                             k_per_split, BLOCK_M=block_m, BLOCK_N=tiling.block_n,
                                             BLOCK_K=tiling.block_k, SPLIT_K=split_k, num_warps=tiling.num_warps,
-                                            num_stages=tiling.num_stages)  # fmt: skip
+                                            num_stages=tiling.num_stages, PDL=use_pdl, launch_pdl=use_pdl)  # fmt: skip
     return out if split_k == 1 else out.to(x.dtype)

@@ -22,6 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kvferry.kernels import pdl
+from kvferry.kernels.pdl import wait_for_predecessor
+
 # The float32 bits of an e4m3 byte after `(byte << 24) >> 4`: the sign, and the 7 bits of exponent and
 # mantissa at 20-26 (0x87F00000 as a signed int32).
 _WIDENED_BITS = tl.constexpr(-0x78100000)
@@ -51,24 +54,38 @@ def _scaled_x(ptrs, mask, EVEN_K: tl.constexpr):
 
 
 @triton.jit
+def _words_tile(w_ptrs, k, K_WORDS, cols, row_mask, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        return tl.load(w_ptrs + k, mask=row_mask[:, None], other=0)
+    return tl.load(w_ptrs + k, mask=row_mask[:, None] & (k + cols < K_WORDS)[None, :], other=0)
+
+
+@triton.jit
+def _accumulate(acc, words, x_ptr, k, K_WORDS, cols, EVEN_K: tl.constexpr):
+    """acc plus the four products of each word's FP8 values with x's columns 4j .. 4j+3 (lowest byte first)."""
+    col_mask = k + cols < K_WORDS
+    x_ptrs = x_ptr + 4 * (k + cols)
+    acc += _widen(words << 24) * _scaled_x(x_ptrs, col_mask, EVEN_K)
+    acc += _widen(words << 16) * _scaled_x(x_ptrs + 1, col_mask, EVEN_K)
+    acc += _widen(words << 8) * _scaled_x(x_ptrs + 2, col_mask, EVEN_K)
+    acc += _widen(words) * _scaled_x(x_ptrs + 3, col_mask, EVEN_K)
+    return acc
+
+
+@triton.jit
 def _fp8_gemv_kernel(x_ptr, words_ptr, scale_ptr, out_ptr, N, K_WORDS, stride_wn, BLOCK_N: tl.constexpr,
-                     BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr):  # fmt: skip
+                     BLOCK_W: tl.constexpr, EVEN_K: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     cols = tl.arange(0, BLOCK_W)
-    acc = tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32)
     w_ptrs = words_ptr + rows[:, None].to(tl.int64) * stride_wn + cols[None, :]
-    for k in range(0, K_WORDS, BLOCK_W):
-        col_mask = k + cols < K_WORDS
-        if EVEN_K:
-            words = tl.load(w_ptrs + k, mask=row_mask[:, None], other=0)
-        else:
-            words = tl.load(w_ptrs + k, mask=row_mask[:, None] & col_mask[None, :], other=0)
-        x_ptrs = x_ptr + 4 * (k + cols)  # a word's bytes are columns 4j .. 4j+3, lowest byte first
-        acc += _widen(words << 24) * _scaled_x(x_ptrs, col_mask, EVEN_K)
-        acc += _widen(words << 16) * _scaled_x(x_ptrs + 1, col_mask, EVEN_K)
-        acc += _widen(words << 8) * _scaled_x(x_ptrs + 2, col_mask, EVEN_K)
-        acc += _widen(words) * _scaled_x(x_ptrs + 3, col_mask, EVEN_K)
+    # The first tile of words is fetched before x, which the kernel before writes, may be read (kernels/pdl.py).
+    words = _words_tile(w_ptrs, 0, K_WORDS, cols, row_mask, EVEN_K)
+    wait_for_predecessor(PDL)
+    acc = _accumulate(tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32), words, x_ptr, 0, K_WORDS, cols, EVEN_K)
+    for k in range(BLOCK_W, K_WORDS, BLOCK_W):
+        words = _words_tile(w_ptrs, k, K_WORDS, cols, row_mask, EVEN_K)
+        acc = _accumulate(acc, words, x_ptr, k, K_WORDS, cols, EVEN_K)
     out = tl.sum(acc, axis=1) * (tl.load(scale_ptr + rows, mask=row_mask, other=0.0) * _X_SCALE)
     tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=row_mask)
 
@@ -85,7 +102,9 @@ def fp8_gemv(x: torch.Tensor, data: torch.Tensor, scale: torch.Tensor,
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     k_words = k // 4
     block_w = min(tiling.max_block_words, triton.next_power_of_2(k_words))
+    use_pdl = pdl.enabled(x)
     _fp8_gemv_kernel[(triton.cdiv(n, tiling.block_n),)](x, words, scale, out, n, k_words, words.stride(0),
                                                         BLOCK_N=tiling.block_n, BLOCK_W=block_w,
-                                                        EVEN_K=k_words % block_w == 0, num_warps=tiling.num_warps)  # fmt: skip
+                                                        EVEN_K=k_words % block_w == 0, PDL=use_pdl,
+                                                        num_warps=tiling.num_warps, launch_pdl=use_pdl)  # fmt: skip
     return out

@@ -16,6 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kvferry.kernels import pdl
+from kvferry.kernels.pdl import wait_for_predecessor
+
 BLOCK_N = 4
 MAX_BLOCK_K = 2048
 NUM_WARPS = 4
@@ -29,22 +32,32 @@ class GemvTiling:
 
 
 @triton.jit
+def _weight_tile(w_ptrs, k, K, cols, row_mask, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        return tl.load(w_ptrs + k, mask=row_mask[:, None], other=0.0)
+    return tl.load(w_ptrs + k, mask=row_mask[:, None] & (k + cols < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _x_tile(x_ptr, k, K, cols, EVEN_K: tl.constexpr):
+    if EVEN_K:
+        return tl.load(x_ptr + k + cols).to(tl.float32)[None, :]
+    return tl.load(x_ptr + k + cols, mask=k + cols < K, other=0.0).to(tl.float32)[None, :]
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, weight_ptr, out_ptr, N, K, stride_wn, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 EVEN_K: tl.constexpr):  # fmt: skip
+                 EVEN_K: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     cols = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     w_ptrs = weight_ptr + rows[:, None].to(tl.int64) * stride_wn + cols[None, :]
-    for k in range(0, K, BLOCK_K):
-        if EVEN_K:
-            w = tl.load(w_ptrs + k, mask=row_mask[:, None], other=0.0)
-            x = tl.load(x_ptr + k + cols)
-        else:
-            col_mask = k + cols < K
-            w = tl.load(w_ptrs + k, mask=row_mask[:, None] & col_mask[None, :], other=0.0)
-            x = tl.load(x_ptr + k + cols, mask=col_mask, other=0.0)
-        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    # The first weight tile is fetched before x, which the kernel before writes, may be read (kernels/pdl.py).
+    w = _weight_tile(w_ptrs, 0, K, cols, row_mask, EVEN_K)
+    wait_for_predecessor(PDL)
+    acc = w.to(tl.float32) * _x_tile(x_ptr, 0, K, cols, EVEN_K)
+    for k in range(BLOCK_K, K, BLOCK_K):
+        acc += _weight_tile(w_ptrs, k, K, cols, row_mask, EVEN_K).to(tl.float32) * _x_tile(x_ptr, k, K, cols, EVEN_K)
     out = tl.sum(acc, axis=1)
     tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=row_mask)
 
@@ -57,7 +70,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, tiling: GemvTiling = GemvTiling(
     x = x.contiguous()
     out = torch.empty(1, n, dtype=x.dtype, device=x.device)
     block_k = min(tiling.max_block_k, triton.next_power_of_2(k))
+    use_pdl = pdl.enabled(x)
     _gemv_kernel[(triton.cdiv(n, tiling.block_n),)](x, weight, out, n, k, weight.stride(0), BLOCK_N=tiling.block_n,
-                                                    BLOCK_K=block_k, EVEN_K=k % block_k == 0,
-                                                    num_warps=tiling.num_warps)  # fmt: skip
+                                                    BLOCK_K=block_k, EVEN_K=k % block_k == 0, PDL=use_pdl,
+                                                    num_warps=tiling.num_warps, launch_pdl=use_pdl)  # fmt: skip
     return out

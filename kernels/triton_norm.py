@@ -12,6 +12,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kvferry.kernels import pdl
+from kvferry.kernels.pdl import wait_for_predecessor
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -34,10 +37,13 @@ def _rms_norm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row, head = tl.program_id(0), tl.program_id(1)
     cols = tl.arange(0, BLOCK)
     mask = cols < num_cols
+    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # before the wait: nothing writes it
+    wait_for_predecessor(PDL)
     x = tl.load(x_ptr + row * stride_x_row + head * stride_x_head + cols * stride_x_col, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         offsets = row * stride_r_row + head * stride_r_head + cols * stride_r_col
@@ -46,7 +52,6 @@ def _rms_norm_kernel(
     x32 = x.to(tl.float32)
     variance = tl.sum(x32 * x32, axis=0) / num_cols
     normalized = (x32 * tl.rsqrt(variance + eps)).to(x.dtype).to(tl.float32)
-    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     out = weight * normalized
     tl.store(out_ptr + row * stride_o_row + head * stride_o_head + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -80,6 +85,7 @@ def rms_norm(
     rows, heads, cols = x3.shape
     if rows * heads == 0:
         return out, new_residual
+    use_pdl = pdl.enabled(x)
     _rms_norm_kernel[(rows, heads)](
         x3,
         res3,
@@ -96,6 +102,8 @@ def rms_norm(
         eps,
         HAS_RESIDUAL=residual is not None,
         BLOCK=triton.next_power_of_2(cols),
+        PDL=use_pdl,
+        launch_pdl=use_pdl,
     )
     return out, new_residual
 

@@ -14,6 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
+from kvferry.kernels import pdl
+from kvferry.kernels.pdl import wait_for_predecessor
+
 
 @triton.jit
 def _rotate_heads(
@@ -145,9 +148,11 @@ def _rope_store_kv_kernel(
     BLOCK_KH: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """apply_rope and store_kv in one launch: the rotated key goes straight to its pool slot, never to
     a tensor of its own (one kernel a layer fewer, and k is read once)."""
+    wait_for_predecessor(PDL)
     token = tl.program_id(0)
     cos_lo, cos_hi, sin_lo, sin_hi = _cos_sin(cache_ptr, positions_ptr, token, stride_cache_pos, stride_cache_kind,
                                               q_ptr.dtype.element_ty, HALF, BLOCK_HALF)  # fmt: skip
@@ -233,6 +238,7 @@ def apply_rope_and_store_kv(
     if tokens == 0:
         return q_out
     half, num_k_heads = head_dim // 2, k.shape[1]
+    use_pdl = pdl.enabled(q)
     _rope_store_kv_kernel[(tokens,)](
         q,
         k,
@@ -261,5 +267,7 @@ def apply_rope_and_store_kv(
         BLOCK_KH=triton.next_power_of_2(num_k_heads),
         BLOCK_HALF=triton.next_power_of_2(half),
         BLOCK_D=triton.next_power_of_2(head_dim),
+        PDL=use_pdl,
+        launch_pdl=use_pdl,
     )
     return q_out

@@ -120,3 +120,29 @@ def test_bfloat16_top1_agreement(arch, size, checkpoints):
     print(f"\nbf16 {arch}-{size}: engine top-1 agreement {engine_agreement:.3f}, transformers' own {floor:.3f}, "
           f"{identical}/{len(prompts)} continuations identical to generate")  # fmt: skip
     assert engine_agreement >= BF16_MIN_AGREEMENT
+
+
+@pytest.mark.parametrize("quantization", [None, "fp8"])
+def test_programmatic_launch_changes_no_token(quantization, checkpoints, monkeypatch):
+    """kernels/pdl.py: the kernels launched with programmatic dependent launch fetch weights before their
+    wait and may start while the kernel before still runs. Their arithmetic is the same either way, so the
+    bf16 (or FP8) engine's greedy tokens must be the same as with every kernel launched the ordinary way,
+    batched (the GEMMs, attention over a batch) and one prompt at a time (the one-row GEMVs); a kernel that
+    read its input before the wait would part at random."""
+    from kvferry.kernels import pdl
+
+    prompts = _prompts(2048)
+    params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
+    runs = {}
+    for launch in ("1", "0"):
+        monkeypatch.setenv(pdl.VARIABLE, launch)
+        llm = LLM(checkpoints["llama", "small", "bfloat16"], dtype="bfloat16", device="cuda", max_model_len=512,
+                  kv_cache_bytes=KV_CACHE_BYTES, quantization=quantization)  # fmt: skip
+        batched = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
+        alone = [llm.generate({"prompt_token_ids": p}, params)[0].outputs[0].token_ids for p in prompts[:3]]
+        assert llm.engine.runner.graphs.num_replays > 0, "no decode step ran through a CUDA graph"
+        runs[launch] = (batched, alone)
+        if launch == "1":
+            assert pdl.enabled(torch.zeros(1, device="cuda")) == (torch.cuda.get_device_capability()[0] >= 9)
+        del llm
+    assert runs["1"] == runs["0"]
