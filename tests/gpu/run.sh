@@ -20,18 +20,21 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # kvferry from this checkout, installed or not
 python=${PYTHON:-python3}
+# tests/conftest.py's plugins import the router (FastAPI, OpenTelemetry...), which the GPU image lacks; these tests
+# need only the model fixtures. The transfer tests of `disaggregated` take the whole conftest (wheels carried).
+gpu_pytest=("$python" -m pytest --noconftest -p support.models -p support.real_model)
 
 case "${1:-}" in
   tests)
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
     "$python" -c 'import torch, triton, transformers; print("torch", torch.__version__, "triton", triton.__version__, "transformers", transformers.__version__)'
-    timeout ${TESTS_TIMEOUT:-570} "$python" -m pytest tests/gpu/test_cuda_kernels.py tests/gpu/test_cuda_engine_parity.py \
+    timeout ${TESTS_TIMEOUT:-570} "${gpu_pytest[@]}" tests/gpu/test_cuda_kernels.py tests/gpu/test_cuda_engine_parity.py \
       tests/gpu/test_cuda_memory.py tests/unit/test_triton_dispatch.py -q -s -p no:cacheprovider \
       --durations=15 2>&1 | tee "$out/gpu_tests.log"
     ;;
   serving)
     nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv
-    timeout ${TESTS_TIMEOUT:-240} "$python" -m pytest tests/gpu/test_cuda_memory.py tests/gpu/test_cuda_engine_parity.py -q -s \
+    timeout ${TESTS_TIMEOUT:-240} "${gpu_pytest[@]}" tests/gpu/test_cuda_memory.py tests/gpu/test_cuda_engine_parity.py -q -s \
       -p no:cacheprovider ${TESTS_FILTER:+-k "$TESTS_FILTER"} --durations=8 2>&1 | tee "$out/gpu_tests.log"
     timeout ${BENCH_TIMEOUT:-560} "$python" -m benchmarks.gpu_serving --out "$out" --budget-s ${BENCH_BUDGET:-420} \
       2>&1 | tee "$out/gpu_serving.log"
@@ -53,7 +56,7 @@ case "${1:-}" in
     for phase in tests bench serving disaggregated profile fp8; do bash "$0" "$phase"; done
     ;;
   fp8)
-    timeout ${TESTS_TIMEOUT:-240} "$python" -m pytest tests/gpu/test_cuda_fp8.py tests/gpu/test_cuda_kernels.py -q \
+    timeout ${TESTS_TIMEOUT:-240} "${gpu_pytest[@]}" tests/gpu/test_cuda_fp8.py tests/gpu/test_cuda_kernels.py -q \
       -p no:cacheprovider -k "${TESTS_FILTER:-fp8 or decode or linear}" --durations=8 2>&1 | tee "$out/gpu_fp8_tests.log"
     timeout ${BENCH_TIMEOUT:-400} "$python" -m benchmarks.gpu_fp8 --out "$out" ${FP8_ARGS:-} 2>&1 | tee "$out/gpu_fp8.log"
     ;;
