@@ -40,11 +40,7 @@ _library: ctypes.CDLL | None = None  # loaded on first use: a process that never
 def _call(name: str, *args: object) -> int | None:
     global _library
     if _library is None:
-        library = LIBRARY.load()
-        for function, (restype, argtypes) in _SIGNATURES.items():
-            getattr(library, function).restype = restype
-            getattr(library, function).argtypes = argtypes
-        _library = library
+        _library = LIBRARY.load(_SIGNATURES)
     return getattr(_library, name)(*args)
 
 

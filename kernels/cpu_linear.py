@@ -1,32 +1,39 @@
-"""Float32 linear layers on the CPU for a few rows (decode batches) through oneDNN, weights prepacked.
+"""Linear layers on the CPU for a few rows (decode batches), weights prepacked: kvferry's C kernel
+(kernels/cpu_gemv.py), or oneDNN's where the C kernels are off (`KVFERRY_KERNELS=torch`).
 
 torch's `F.linear` runs MKL's GEMV for one row and MKL's GEMM from two rows on; for 2-64 rows that GEMM
-reads the weights at about half the GEMV's speed, so a decode step of two sequences cost 1.9x a step of
-one. oneDNN's kernel, on a copy of the weight reordered once into its blocked layout, reads the weights
-at GEMV speed or better for any small row count. The packed copy is made on a weight's first small call
-and lives as long as the weight: a decode node holds its matmul weights twice, a prefill node (whose
-calls are large) once. From a few hundred rows on MKL's GEMM is as fast, and prefill stays there.
+reads the weights at about half the GEMV's speed. oneDNN's kernel, on a copy of the weight reordered once
+into its blocked layout, reads them at GEMV speed for any small row count, but that is itself about half
+this machine's memory bandwidth at one row, and a call costs about 15 us before any work (a decode step
+makes 121). The C kernel reads them at close to the bandwidth on both cores, for 4 us a call, and at 2-256
+rows it was as fast as oneDNN or faster (docs/benchmarks.md, "The real model on the CPU").
 
-bfloat16 takes the same path where oneDNN has bfloat16 kernels for this CPU (AVX-512 BF16 or AMX): half
-the bytes of float32 to read a token, and, for sixteen rows or the LM head, half the time of `F.linear`
-on the same bfloat16 weights (docs/benchmarks.md, "The real model on the CPU").
+The packed copy is made on a weight's first small call and lives as long as the weight: a decode node holds
+its matmul weights twice, a prefill node (whose calls are large) once. From a few hundred rows on MKL's GEMM
+is as fast, and prefill stays there.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 
 import torch
 
-# Up to this many rows the packed kernel was faster on one core; at 2048 rows MKL's GEMM was.
+# dispatch imports this module, and this one reads dispatch's `side` at call time only: either may load first.
+from kvferry.kernels import cpu_gemv, dispatch
+
+# Up to this many rows the packed kernels were faster on one core; at 2048 rows MKL's GEMM was.
 PACKED_MAX_ROWS = 256
 
-# id(weight) -> its packed copy, dropped by a finalizer when the weight goes (before its id can be reused). A
-# plain dict: torch's WeakIdKeyDictionary made a weak reference for every lookup, a few microseconds a call.
+# id(weight) -> its packed copy (the C kernel's; oneDNN's), dropped by a finalizer when the weight goes
+# (before its id can be reused). Plain dicts: torch's WeakIdKeyDictionary made a weak reference for every
+# lookup, a few microseconds a call.
 _packed_weights: dict[int, torch.Tensor] = {}
+_onednn_weights: dict[int, torch.Tensor] = {}
 
 
-def _packed_dtypes() -> frozenset[torch.dtype]:
+def _onednn_dtypes() -> frozenset[torch.dtype]:
     if not torch.backends.mkldnn.is_available():
         return frozenset()
     bf16 = torch.ops.mkldnn._is_mkldnn_bf16_supported()
@@ -34,11 +41,12 @@ def _packed_dtypes() -> frozenset[torch.dtype]:
 
 
 # Asked once: the answer is the CPU's and torch's, and a decode step asks a few hundred times.
-PACKED_DTYPES = _packed_dtypes()
+ONEDNN_DTYPES = _onednn_dtypes()
+PACKED_DTYPES = ONEDNN_DTYPES | frozenset(cpu_gemv.DTYPES)
 
 
 def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether this call takes the packed path: a packed dtype on the CPU, 2-D input of a few rows."""
+    """Whether this call takes a packed path: a packed dtype on the CPU, 2-D input of a few rows."""
     return (
         x.dtype in PACKED_DTYPES
         and weight.dtype == x.dtype
@@ -48,11 +56,21 @@ def applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T (+ bias) with the weight's packed copy, packing it on first use."""
-    packed = _packed_weights.get(id(weight))
+def _packed(weight: torch.Tensor, copies: dict[int, torch.Tensor],
+            pack: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    packed = copies.get(id(weight))
     if packed is None:
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight)
-        _packed_weights[id(weight)] = packed
-        weakref.finalize(weight, _packed_weights.pop, id(weight), None)
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        packed = copies[id(weight)] = pack(weight)
+        weakref.finalize(weight, copies.pop, id(weight), None)
+    return packed
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias) with the weight's packed copy, packing it on first use (see `applies`)."""
+    if x.dtype in cpu_gemv.DTYPES and dispatch.side(x) == "native":
+        packed = _packed(weight, _packed_weights, cpu_gemv.pack)
+        return cpu_gemv.linear(x.contiguous(), packed, weight.shape[0], bias, torch.get_num_threads())
+    if x.dtype in ONEDNN_DTYPES:
+        packed = _packed(weight, _onednn_weights, torch.ops.mkldnn._reorder_linear_weight)
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return torch.nn.functional.linear(x, weight, bias)

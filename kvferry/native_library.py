@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BUILD_TIMEOUT_S = 120
+# A library's functions by name: (the ctypes return type or None, [the ctypes argument types]).
+Signatures = dict[str, tuple[type | None, list[type]]]
 
 
 class NativeBuildError(ImportError):
@@ -70,5 +72,11 @@ class NativeLibrary:
         compiler = shlex.split(os.environ.get("CC", "")) or [shutil.which("cc") or "cc"]
         return [*compiler, "-shared", "-fPIC", "-o", output, str(self.source), *self.flags]
 
-    def load(self) -> ctypes.CDLL:
-        return ctypes.CDLL(str(self.built() or self.build()))
+    def load(self, signatures: Signatures | None = None) -> ctypes.CDLL:
+        """The loaded library, its functions' types set from `signatures` (name: (restype, argtypes)): ctypes
+        converts the arguments once a call from these rather than guessing each one."""
+        library = ctypes.CDLL(str(self.built() or self.build()))
+        for name, (restype, argtypes) in (signatures or {}).items():
+            function = getattr(library, name)
+            function.restype, function.argtypes = restype, argtypes
+        return library

@@ -1,0 +1,262 @@
+/* Linear layers of the CPU's decode step, x @ W.T for a few rows (1 to a few dozen), bfloat16 or float32,
+reading each weight byte once from memory at close to its bandwidth on every core torch uses. No Python
+header: loaded with ctypes (kernels/cpu_gemv.py).
+
+Weights are packed once (cpu_gemv.py) into tiles of TILE outputs: bfloat16 as [tiles][ceil(K/2)][TILE][2],
+each k pair of a tile's outputs side by side, as AVX-512 BF16's dot product of pairs takes them; float32 as
+[tiles][K][TILE]. A tile is one contiguous stream; the rows' accumulators of a tile (ROW_BLOCK rows of TILE
+float32 lanes) stay in registers while it streams, the rows' inputs broadcast from memory; more rows than
+ROW_BLOCK go through the tile again, from the core's L2 cache. Zero padding past N and K (odd K) adds nothing.
+
+Threads: the tiles are split evenly between the threads of an OpenMP parallel region. torch's wheels load
+their own libgomp under the soname libgomp.so.1, and this library, loaded after torch, binds to that same
+one: the region runs on torch's own worker threads, which spin a while after each of torch's parallel ops
+(and each of these calls), so there is no second pool to oversubscribe the cores and a call costs a couple
+of microseconds of fork and join.
+
+Arithmetic: each output a float32 sum of its K products (in k order within a pair step, pairs in order),
+the bias added, bfloat16 outputs rounded to nearest even as torch rounds.
+*/
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <string.h>
+
+#define TILE 32
+#define ROW_BLOCK 8
+#define BF16_TARGET "avx512f,avx512bw,avx512vl,avx512bf16"
+
+/* The two conversions of kernels/_cpu_bf16.c, repeated: each library is one C file compiled alone, and the
+rounding must be torch's in both. */
+static inline float bf16_to_float(uint16_t value) {
+    uint32_t bits = (uint32_t)value << 16;
+    float number;
+    memcpy(&number, &bits, sizeof number);
+    return number;
+}
+
+static inline uint16_t float_to_bf16(float number) {
+    uint32_t bits;
+    memcpy(&bits, &number, sizeof bits);
+    uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    return (uint16_t)((bits & 0x7fffffffu) > 0x7f800000u ? (bits >> 16) | 0x40u : rounded);  /* NaN stays NaN */
+}
+
+/* One call's operands. x: [rows, k] packed; out: [rows, n] packed; bias: [n] or NULL. */
+struct linear_call {
+    const void *x, *packed, *bias;
+    void *out;
+    int64_t rows, k, n;
+};
+
+/* The sums of `rows` (<= ROW_BLOCK) rows for one tile, sums[r][j] for output tile * TILE + j. */
+typedef void tile_kernel(const struct linear_call *call, int64_t tile, int64_t first_row, int rows,
+                         float sums[ROW_BLOCK][TILE]);
+
+/* ---- bfloat16: AVX-512 BF16 ---- */
+
+static inline __attribute__((always_inline, target(BF16_TARGET))) void bf16_tile_avx512_rows(
+    const uint16_t *x, int64_t k, const uint16_t *weights, const int rows, float sums[ROW_BLOCK][TILE]) {
+    __m512 low[ROW_BLOCK], high[ROW_BLOCK];
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; r++) low[r] = high[r] = _mm512_setzero_ps();
+    int64_t pairs = k / 2;
+    for (int64_t p = 0; p < pairs; p++) {
+        __m512bh first = (__m512bh)_mm512_loadu_si512(weights + p * 2 * TILE);
+        __m512bh second = (__m512bh)_mm512_loadu_si512(weights + p * 2 * TILE + TILE);
+#pragma GCC unroll 8
+        for (int r = 0; r < rows; r++) {
+            int32_t pair;
+            memcpy(&pair, x + r * k + 2 * p, sizeof pair);
+            __m512bh both = (__m512bh)_mm512_set1_epi32(pair);
+            low[r] = _mm512_dpbf16_ps(low[r], both, first);
+            high[r] = _mm512_dpbf16_ps(high[r], both, second);
+        }
+    }
+    if (k % 2) {  /* the last k alone, its pair's other half zero (x's next element is another row's) */
+        __m512bh first = (__m512bh)_mm512_loadu_si512(weights + pairs * 2 * TILE);
+        __m512bh second = (__m512bh)_mm512_loadu_si512(weights + pairs * 2 * TILE + TILE);
+#pragma GCC unroll 8
+        for (int r = 0; r < rows; r++) {
+            __m512bh last = (__m512bh)_mm512_set1_epi32(x[r * k + k - 1]);
+            low[r] = _mm512_dpbf16_ps(low[r], last, first);
+            high[r] = _mm512_dpbf16_ps(high[r], last, second);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; r++) {
+        _mm512_storeu_ps(sums[r], low[r]);
+        _mm512_storeu_ps(sums[r] + 16, high[r]);
+    }
+}
+
+__attribute__((target(BF16_TARGET))) static void bf16_tile_avx512(const struct linear_call *call, int64_t tile,
+                                                                   int64_t first_row, int rows,
+                                                                   float sums[ROW_BLOCK][TILE]) {
+    const uint16_t *x = (const uint16_t *)call->x + first_row * call->k;
+    const uint16_t *weights = (const uint16_t *)call->packed + tile * ((call->k + 1) / 2) * 2 * TILE;
+    switch (rows) {  /* a constant row count each: the accumulators become registers */
+    case 1: bf16_tile_avx512_rows(x, call->k, weights, 1, sums); break;
+    case 2: bf16_tile_avx512_rows(x, call->k, weights, 2, sums); break;
+    case 3: bf16_tile_avx512_rows(x, call->k, weights, 3, sums); break;
+    case 4: bf16_tile_avx512_rows(x, call->k, weights, 4, sums); break;
+    case 5: bf16_tile_avx512_rows(x, call->k, weights, 5, sums); break;
+    case 6: bf16_tile_avx512_rows(x, call->k, weights, 6, sums); break;
+    case 7: bf16_tile_avx512_rows(x, call->k, weights, 7, sums); break;
+    default: bf16_tile_avx512_rows(x, call->k, weights, 8, sums); break;
+    }
+}
+
+/* ---- float32: AVX-512 ---- */
+
+static inline __attribute__((always_inline, target("avx512f"))) void f32_tile_avx512_rows(
+    const float *x, int64_t k, const float *weights, const int rows, float sums[ROW_BLOCK][TILE]) {
+    __m512 low[ROW_BLOCK], high[ROW_BLOCK];
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; r++) low[r] = high[r] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < k; i++) {
+        __m512 first = _mm512_loadu_ps(weights + i * TILE), second = _mm512_loadu_ps(weights + i * TILE + 16);
+#pragma GCC unroll 8
+        for (int r = 0; r < rows; r++) {
+            __m512 value = _mm512_set1_ps(x[r * k + i]);
+            low[r] = _mm512_fmadd_ps(value, first, low[r]);
+            high[r] = _mm512_fmadd_ps(value, second, high[r]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < rows; r++) {
+        _mm512_storeu_ps(sums[r], low[r]);
+        _mm512_storeu_ps(sums[r] + 16, high[r]);
+    }
+}
+
+__attribute__((target("avx512f"))) static void f32_tile_avx512(const struct linear_call *call, int64_t tile,
+                                                              int64_t first_row, int rows,
+                                                              float sums[ROW_BLOCK][TILE]) {
+    const float *x = (const float *)call->x + first_row * call->k;
+    const float *weights = (const float *)call->packed + tile * call->k * TILE;
+    switch (rows) {
+    case 1: f32_tile_avx512_rows(x, call->k, weights, 1, sums); break;
+    case 2: f32_tile_avx512_rows(x, call->k, weights, 2, sums); break;
+    case 3: f32_tile_avx512_rows(x, call->k, weights, 3, sums); break;
+    case 4: f32_tile_avx512_rows(x, call->k, weights, 4, sums); break;
+    case 5: f32_tile_avx512_rows(x, call->k, weights, 5, sums); break;
+    case 6: f32_tile_avx512_rows(x, call->k, weights, 6, sums); break;
+    case 7: f32_tile_avx512_rows(x, call->k, weights, 7, sums); break;
+    default: f32_tile_avx512_rows(x, call->k, weights, 8, sums); break;
+    }
+}
+
+/* ---- bfloat16 and float32: plain C, one row at a time (the compiler vectorizes the TILE lanes) ---- */
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+static void bf16_tile_portable(const struct linear_call *call, int64_t tile, int64_t first_row, int rows,
+                               float sums[ROW_BLOCK][TILE]) {
+    int64_t k = call->k, pairs = (k + 1) / 2;
+    const uint16_t *weights = (const uint16_t *)call->packed + tile * pairs * 2 * TILE;
+    for (int r = 0; r < rows; r++) {
+        const uint16_t *x = (const uint16_t *)call->x + (first_row + r) * k;
+        float *sum = sums[r];
+        memset(sum, 0, sizeof(float) * TILE);
+        for (int64_t p = 0; p < pairs; p++) {
+            float first = bf16_to_float(x[2 * p]), second = 2 * p + 1 < k ? bf16_to_float(x[2 * p + 1]) : 0.0f;
+            const uint16_t *pair = weights + p * 2 * TILE;
+#pragma omp simd
+            for (int j = 0; j < TILE; j++) sum[j] += first * bf16_to_float(pair[2 * j]) + second * bf16_to_float(pair[2 * j + 1]);
+        }
+    }
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+static void f32_tile_portable(const struct linear_call *call, int64_t tile, int64_t first_row, int rows,
+                              float sums[ROW_BLOCK][TILE]) {
+    int64_t k = call->k;
+    const float *weights = (const float *)call->packed + tile * k * TILE;
+    for (int r = 0; r < rows; r++) {
+        const float *x = (const float *)call->x + (first_row + r) * k;
+        float sum[TILE] = {0};
+        for (int64_t i = 0; i < k; i++) {
+#pragma omp simd
+            for (int j = 0; j < TILE; j++) sum[j] += x[i] * weights[i * TILE + j];
+        }
+        memcpy(sums[r], sum, sizeof sum);
+    }
+}
+
+/* ---- the tiles of one thread's share, and the threads ---- */
+
+static void bf16_store(const struct linear_call *call, int64_t tile, int64_t first_row, int rows,
+                       float sums[ROW_BLOCK][TILE]) {
+    int64_t start = tile * TILE, count = call->n - start < TILE ? call->n - start : TILE;
+    const uint16_t *bias = call->bias;
+    for (int r = 0; r < rows; r++) {
+        uint16_t *target = (uint16_t *)call->out + (first_row + r) * call->n + start;
+        for (int64_t j = 0; j < count; j++) target[j] = float_to_bf16(sums[r][j] + (bias ? bf16_to_float(bias[start + j]) : 0.0f));
+    }
+}
+
+static void f32_store(const struct linear_call *call, int64_t tile, int64_t first_row, int rows,
+                      float sums[ROW_BLOCK][TILE]) {
+    int64_t start = tile * TILE, count = call->n - start < TILE ? call->n - start : TILE;
+    const float *bias = call->bias;
+    for (int r = 0; r < rows; r++) {
+        float *target = (float *)call->out + (first_row + r) * call->n + start;
+        for (int64_t j = 0; j < count; j++) target[j] = sums[r][j] + (bias ? bias[start + j] : 0.0f);
+    }
+}
+
+typedef void tile_store(const struct linear_call *call, int64_t tile, int64_t first_row, int rows,
+                        float sums[ROW_BLOCK][TILE]);
+
+static void run_tiles(const struct linear_call *call, tile_kernel *kernel, tile_store *store, int64_t first,
+                      int64_t last) {
+    float sums[ROW_BLOCK][TILE];
+    for (int64_t tile = first; tile < last; tile++)
+        for (int64_t row = 0; row < call->rows; row += ROW_BLOCK) {
+            int rows = call->rows - row < ROW_BLOCK ? (int)(call->rows - row) : ROW_BLOCK;
+            kernel(call, tile, row, rows, sums);
+            store(call, tile, row, rows, sums);
+        }
+}
+
+static void run(const struct linear_call *call, tile_kernel *kernel, tile_store *store, int threads) {
+    int64_t tiles = (call->n + TILE - 1) / TILE;
+    if (threads <= 1 || tiles < 2) {
+        run_tiles(call, kernel, store, 0, tiles);
+        return;
+    }
+#pragma omp parallel num_threads(threads)
+    {
+        int64_t thread = omp_get_thread_num(), count = omp_get_num_threads();
+        run_tiles(call, kernel, store, tiles * thread / count, tiles * (thread + 1) / count);
+    }
+}
+
+/* ---- entry points ---- */
+
+/* Whether this CPU runs the kernel written for its vector instructions (AVX-512 BF16 for bfloat16, AVX-512
+for float32), else the plain C one does. */
+int kvf_linear_has_vector_kernel(int bf16) {
+    __builtin_cpu_init();
+    if (!__builtin_cpu_supports("avx512f")) return 0;
+    return !bf16 || (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")
+                     && __builtin_cpu_supports("avx512vl"));
+}
+
+/* out = x @ W.T + bias in bfloat16, W packed (see the top); `portable` takes the plain C kernel (tests). */
+void kvf_linear_bf16(const uint16_t *x, const uint16_t *packed, const uint16_t *bias, uint16_t *out, int64_t rows,
+                     int64_t k, int64_t n, int threads, int portable) {
+    static int vector = -1;
+    if (vector < 0) vector = kvf_linear_has_vector_kernel(1);
+    struct linear_call call = {x, packed, bias, out, rows, k, n};
+    run(&call, vector && !portable ? bf16_tile_avx512 : bf16_tile_portable, bf16_store, threads);
+}
+
+/* out = x @ W.T + bias in float32, W packed (see the top); `portable` as above. */
+void kvf_linear_f32(const float *x, const float *packed, const float *bias, float *out, int64_t rows, int64_t k,
+                    int64_t n, int threads, int portable) {
+    static int vector = -1;
+    if (vector < 0) vector = kvf_linear_has_vector_kernel(0);
+    struct linear_call call = {x, packed, bias, out, rows, k, n};
+    run(&call, vector && !portable ? f32_tile_avx512 : f32_tile_portable, f32_store, threads);
+}

@@ -1,0 +1,80 @@
+"""The CPU's decode-batch linear layers in C (kernels/_cpu_gemv.c): x @ W.T for a few rows of bfloat16 or
+float32, each weight byte read once at close to the memory bandwidth, on torch's own threads.
+
+oneDNN's prepacked kernel (kernels/cpu_linear.py's other path) read SmolLM2's weights at about half this
+machine's bandwidth for one row, and a batch-1 decode step is little else. The weight is packed once into
+the C kernel's tiles (`pack`); cpu_linear.py keeps that copy as long as the weight lives.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from kvferry.native_library import NativeLibrary
+
+LIBRARY = NativeLibrary(Path(__file__).with_name("_cpu_gemv.c"), "kvferry.kernels' CPU linear kernels",
+                        ("-O3", "-fopenmp", "-fno-math-errno"))  # fmt: skip
+TILE = 32  # outputs a tile, as the C file's
+DTYPES = (torch.bfloat16, torch.float32)
+
+_int64, _pointer, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
+_SIGNATURES = {  # name: (restype, argtypes)
+    "kvf_linear_bf16": (None, [_pointer] * 4 + [_int64] * 3 + [_int] * 2),
+    "kvf_linear_f32": (None, [_pointer] * 4 + [_int64] * 3 + [_int] * 2),
+    "kvf_linear_has_vector_kernel": (_int, [_int]),
+}
+_library: ctypes.CDLL | None = None  # loaded on first use, after torch: it binds to torch's OpenMP (see the C file)
+
+
+def _loaded() -> ctypes.CDLL:
+    global _library
+    if _library is None:
+        _library = LIBRARY.load(_SIGNATURES)
+    return _library
+
+
+def has_vector_kernel(dtype: torch.dtype) -> bool:
+    """Whether this CPU runs the kernel written for its vector instructions (AVX-512 BF16 for bfloat16, AVX-512
+    for float32); else a plain C one runs, compiled for the CPU's vector width."""
+    return bool(_loaded().kvf_linear_has_vector_kernel(dtype == torch.bfloat16))
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """The weight [N, K] in the C kernel's layout: outputs in tiles of TILE (zeros past N), bfloat16 as k
+    pairs side by side ([tiles, ceil(K/2), TILE, 2], a zero past an odd K), float32 as [tiles, K, TILE]."""
+    n, k = weight.shape
+    tiles = -(-n // TILE)
+    if weight.dtype == torch.bfloat16:
+        padded = F.pad(weight, (0, k % 2, 0, tiles * TILE - n))
+        return padded.view(tiles, TILE, -1, 2).transpose(1, 2).contiguous()
+    if weight.dtype == torch.float32:
+        return F.pad(weight, (0, 0, 0, tiles * TILE - n)).view(tiles, TILE, k).transpose(1, 2).contiguous()
+    raise ValueError(f"the CPU linear kernel takes bfloat16 or float32, not {weight.dtype}")
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None,
+           threads: int = 1, portable: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ W.T + bias for x [rows, K] packed, W given as `pack(W)` (its N = `out_features`), on `threads`
+    threads, into `out` ([rows, N] packed) or a new tensor; `portable` takes the plain C kernel where the
+    vector one would run (for the tests)."""
+    pairs = x.dtype == torch.bfloat16
+    if x.dim() != 2 or x.dtype not in DTYPES or x.dtype != packed.dtype or not x.is_contiguous():
+        raise ValueError("x must be a packed [rows, K] tensor of the packed weight's dtype")
+    rows, k = x.shape
+    if packed.shape[:2] != (-(-out_features // TILE), (k + 1) // 2 if pairs else k) or not packed.is_contiguous():
+        raise ValueError(f"the packed weight is not `pack` of a [{out_features}, {k}] weight")
+    if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous() or bias.shape != (out_features,)):
+        raise ValueError("the bias must be a packed [N] tensor of the weight's dtype")
+    if out is None:
+        out = torch.empty(rows, out_features, dtype=x.dtype)
+    elif out.dtype != x.dtype or not out.is_contiguous() or out.shape != (rows, out_features):
+        raise ValueError("out must be a packed [rows, N] tensor of x's dtype")
+    library = _library or _loaded()
+    kernel = library.kvf_linear_bf16 if pairs else library.kvf_linear_f32
+    kernel(x.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(), rows, k,
+           out_features, threads, portable)  # fmt: skip
+    return out

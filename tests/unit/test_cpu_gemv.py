@@ -1,0 +1,109 @@
+"""The C linear kernel of the CPU's decode batches (kernels/cpu_gemv.py) against float64 sums of the same
+inputs: bfloat16 and float32, the kernel for the CPU's vector instructions and the plain C one, one and two
+threads, shapes whose N and K fall off the kernel's tiles and pairs; every output written; each row's result
+the same bits alone or in a batch and on any thread count; bad operands refused; cpu_linear's choice of it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from kvferry.kernels import cpu_gemv, cpu_linear, dispatch
+
+SHAPES = [  # (rows, N, K)
+    (1, 576, 576), (1, 1, 1), (2, 33, 7), (3, 31, 65), (8, 64, 96), (9, 100, 1537), (16, 960, 576),
+    (17, 47, 130), (33, 32, 31), (256, 65, 64),
+]  # fmt: skip
+KERNELS = ["portable", "vector"]
+
+
+def _runs_here(kernel: str, dtype: torch.dtype) -> None:
+    if kernel == "vector" and not cpu_gemv.has_vector_kernel(dtype):
+        pytest.skip(f"this CPU lacks the instructions of the {dtype} vector kernel")
+
+
+def _case(rows: int, n: int, k: int, dtype: torch.dtype, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=generator).to(dtype)
+    weight = torch.randn(n, k, generator=generator).to(dtype)
+    bias = torch.randn(n, generator=generator).to(dtype)
+    return x, weight, bias
+
+
+def _assert_within_rounding(out: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
+    """|out - exact| within float32's sum of K products (K ulps of the sum of their magnitudes) plus, for
+    bfloat16, the output's one rounding (half a bfloat16 step, 2^-8 relative)."""
+    exact = F.linear(x.double(), weight.double(), None if bias is None else bias.double())
+    magnitudes = F.linear(x.double().abs(), weight.double().abs(), None if bias is None else bias.double().abs())
+    bound = x.shape[1] * 2.0**-23 * magnitudes + (2.0**-8 * exact.abs() if out.dtype == torch.bfloat16 else 0)
+    excess = (out.double() - exact).abs() - bound
+    assert excess.max() <= 0, f"off by {excess.max():.3g} beyond the bound at {divmod(int(excess.argmax()), out.shape[1])}"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("rows", "n", "k"), SHAPES)
+def test_the_kernel_is_the_exact_sum_within_rounding(rows, n, k, threads, kernel, dtype):
+    _runs_here(kernel, dtype)
+    x, weight, bias = _case(rows, n, k, dtype, seed=rows * n + k)
+    out = torch.full((rows, n), float("nan"), dtype=dtype)  # poisoned: every output must be written
+    cpu_gemv.linear(x, cpu_gemv.pack(weight), n, bias if rows % 2 else None, threads, kernel == "portable", out=out)
+    assert not out.isnan().any()
+    _assert_within_rounding(out, x, weight, bias if rows % 2 else None)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_row_s_output_is_the_same_alone_in_a_batch_and_on_any_thread_count(kernel, dtype):
+    _runs_here(kernel, dtype)
+    x, weight, _ = _case(19, 200, 333, dtype, seed=5)
+    packed, portable = cpu_gemv.pack(weight), kernel == "portable"
+    batched = cpu_gemv.linear(x, packed, 200, threads=1, portable=portable)
+    assert torch.equal(cpu_gemv.linear(x, packed, 200, threads=2, portable=portable), batched)
+    for row in (0, 8, 18):
+        assert torch.equal(cpu_gemv.linear(x[row : row + 1], packed, 200, threads=2, portable=portable), batched[row : row + 1])
+
+
+def test_the_vector_and_plain_kernels_agree():
+    for dtype in (torch.bfloat16, torch.float32):
+        _runs_here("vector", dtype)
+        x, weight, bias = _case(5, 70, 99, dtype, seed=3)
+        packed = cpu_gemv.pack(weight)
+        vector = cpu_gemv.linear(x, packed, 70, bias, portable=False)
+        torch.testing.assert_close(cpu_gemv.linear(x, packed, 70, bias, portable=True), vector, rtol=2**-7, atol=1e-5)
+
+
+def test_bad_operands_are_refused_before_the_kernel_reads_them():
+    x, weight, bias = _case(4, 40, 64, torch.bfloat16, seed=1)
+    packed = cpu_gemv.pack(weight)
+    with pytest.raises(ValueError, match="packed"):
+        cpu_gemv.linear(x.t().contiguous().t(), packed, 40)  # a transposed view: not packed rows
+    with pytest.raises(ValueError, match="packed"):
+        cpu_gemv.linear(x.float(), packed, 40)
+    with pytest.raises(ValueError, match="not `pack` of"):
+        cpu_gemv.linear(x[:, :62].contiguous(), packed, 40)
+    with pytest.raises(ValueError, match="not `pack` of"):
+        cpu_gemv.linear(x, packed, 65)  # more outputs than its tiles hold
+    with pytest.raises(ValueError, match="bias"):
+        cpu_gemv.linear(x, packed, 40, bias.float())
+    with pytest.raises(ValueError, match="out"):
+        cpu_gemv.linear(x, packed, 40, out=torch.empty(4, 41, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="bfloat16 or float32"):
+        cpu_gemv.pack(weight.half())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cpu_linear_takes_the_c_kernel_and_onednn_without_the_c_kernels(dtype, monkeypatch):
+    x, weight, bias = _case(3, 48, 80, dtype, seed=2)
+    non_contiguous = x.t().contiguous().t()
+    assert cpu_linear.applies(non_contiguous, weight)
+    out = dispatch.linear(non_contiguous, weight, bias)
+    assert id(weight) in cpu_linear._packed_weights and id(weight) not in cpu_linear._onednn_weights
+    _assert_within_rounding(out, x, weight, bias)
+    monkeypatch.setenv(dispatch.BACKEND_VARIABLE, "torch")
+    torch_side = dispatch.linear(x, weight, bias)
+    if dtype in cpu_linear.ONEDNN_DTYPES:
+        assert id(weight) in cpu_linear._onednn_weights
+    torch.testing.assert_close(torch_side, out, rtol=2**-7 if dtype == torch.bfloat16 else 1e-5, atol=1e-4)
