@@ -10,6 +10,7 @@ polynomial here, torch's own vectorized one there), SiLU in the latter. Each row
 own inputs alone: a token's output is the same in any batch.
 */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,21 +70,82 @@ static inline void load_row(const uint16_t *cache, const int64_t *table, int64_t
     for (int64_t d = 0; d < dim; d++) row[d] = bf16_to_float(source[d]);
 }
 
+/* The operands of one decode attention call, as kvf_decode_attention_bf16 takes them. */
+struct attention_call {
+    const uint16_t *query, *key_cache, *value_cache;
+    const int64_t *block_tables, *context_lens;
+    uint16_t *out;
+    int64_t table_stride, q_heads, kv_heads, dim, block_size, block_stride, position_stride, head_stride;
+    float scale;
+};
+
+/* Sequence b's attention for kv head h's group of query heads, `scores` room for its length x group. */
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+static void attend(const struct attention_call *call, int64_t b, int64_t h, float *scores) {
+    int64_t length = call->context_lens[b], dim = call->dim, group = call->q_heads / call->kv_heads;
+    int64_t block_size = call->block_size, block_stride = call->block_stride, position_stride = call->position_stride;
+    const int64_t *table = call->block_tables + b * call->table_stride;
+    float queries[MAX_GROUP][MAX_HEAD_DIM], sums[MAX_GROUP][MAX_HEAD_DIM], row[MAX_HEAD_DIM];
+    for (int64_t g = 0; g < group; g++) {
+        const uint16_t *source = call->query + (b * call->q_heads + h * group + g) * dim;
+        for (int64_t d = 0; d < dim; d++) queries[g][d] = bf16_to_float(source[d]);
+    }
+    float largest[MAX_GROUP];
+    for (int64_t g = 0; g < group; g++) largest[g] = -INFINITY;
+    for (int64_t t = 0; t < length; t++) {
+        load_row(call->key_cache, table, t, block_size, block_stride, position_stride, h * call->head_stride, dim, row);
+        for (int64_t g = 0; g < group; g++) {
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t d = 0; d < dim; d++) dot += queries[g][d] * row[d];
+            dot *= call->scale;
+            scores[g * length + t] = dot;
+            if (dot > largest[g]) largest[g] = dot;
+        }
+    }
+    float totals[MAX_GROUP];
+    for (int64_t g = 0; g < group; g++) {
+        float *weights = scores + g * length, total = 0.0f, top = largest[g];
+#pragma omp simd reduction(+ : total)
+        for (int64_t t = 0; t < length; t++) {
+            weights[t] = exp_vectorizable(weights[t] - top);
+            total += weights[t];
+        }
+        totals[g] = total;
+        memset(sums[g], 0, sizeof(float) * (size_t)dim);
+    }
+    for (int64_t t = 0; t < length; t++) {
+        load_row(call->value_cache, table, t, block_size, block_stride, position_stride, h * call->head_stride, dim, row);
+        for (int64_t g = 0; g < group; g++) {
+            float weight = scores[g * length + t];
+            for (int64_t d = 0; d < dim; d++) sums[g][d] += weight * row[d];
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        uint16_t *target = call->out + (b * call->q_heads + h * group + g) * dim;
+        float inverse = 1.0f / totals[g];
+        for (int64_t d = 0; d < dim; d++) target[d] = float_to_bf16(sums[g][d] * inverse);
+    }
+}
+
 /* Paged decode attention, one query token per sequence, reading K and V in place from the pool's blocks:
 each kv head's group of query heads at once, the scores of every context position in float32, a softmax,
 the values weighted in float32, the output rounded once (`_grouped_attention_float32` in reference.py).
 query, out: [batch, q_heads, dim], packed. key_cache, value_cache: [num_blocks, block_size, kv_heads, dim]
    views with these strides (in elements; dim's is 1). block_tables: [batch, table_width] with row stride
-   table_stride. Returns OK or what was wrong, before anything is written on a bad table. */
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+   table_stride. Returns OK or what was wrong, before anything is written on a bad table.
+The (sequence, kv head) pairs are shared out among `threads` threads of an OpenMP region, a pair at a time
+as each thread comes free (sequences differ in length). The library binds to torch's libgomp, as
+kernels/_cpu_gemv.c explains: the threads are torch's own. */
 int kvf_decode_attention_bf16(const uint16_t *query, const uint16_t *key_cache, const uint16_t *value_cache,
                               const int64_t *block_tables, int64_t table_stride, int64_t table_width,
                               const int64_t *context_lens, uint16_t *out, int64_t batch, int64_t q_heads,
                               int64_t kv_heads, int64_t dim, int64_t num_blocks, int64_t block_size,
-                              int64_t block_stride, int64_t position_stride, int64_t head_stride, float scale) {
+                              int64_t block_stride, int64_t position_stride, int64_t head_stride, float scale,
+                              int64_t threads) {
     if (kv_heads < 1 || q_heads % kv_heads || q_heads / kv_heads > MAX_GROUP || dim < 1 || dim > MAX_HEAD_DIM)
         return SHAPE_UNSUPPORTED;
-    int64_t group = q_heads / kv_heads, longest = 1;
+    int64_t group = q_heads / kv_heads, longest = 1, pairs = batch * kv_heads;
     for (int64_t b = 0; b < batch; b++) {
         int64_t length = context_lens[b];
         if (length < 1 || length > table_width * block_size) return CONTEXT_OUT_OF_TABLE;
@@ -93,55 +155,17 @@ int kvf_decode_attention_bf16(const uint16_t *query, const uint16_t *key_cache, 
         }
         if (length > longest) longest = length;
     }
-    float *scores = malloc(sizeof(float) * (size_t)longest * (size_t)group);
+    if (threads > pairs) threads = pairs;
+    if (threads < 1) threads = 1;
+    size_t room = (size_t)longest * (size_t)group;  /* each thread's scores */
+    float *scores = malloc(sizeof(float) * room * (size_t)threads);
     if (!scores) return NO_MEMORY;
-    float queries[MAX_GROUP][MAX_HEAD_DIM], sums[MAX_GROUP][MAX_HEAD_DIM], row[MAX_HEAD_DIM];
-    for (int64_t b = 0; b < batch; b++) {
-        int64_t length = context_lens[b];
-        const int64_t *table = block_tables + b * table_stride;
-        for (int64_t h = 0; h < kv_heads; h++) {
-            for (int64_t g = 0; g < group; g++) {
-                const uint16_t *source = query + (b * q_heads + h * group + g) * dim;
-                for (int64_t d = 0; d < dim; d++) queries[g][d] = bf16_to_float(source[d]);
-            }
-            float largest[MAX_GROUP];
-            for (int64_t g = 0; g < group; g++) largest[g] = -INFINITY;
-            for (int64_t t = 0; t < length; t++) {
-                load_row(key_cache, table, t, block_size, block_stride, position_stride, h * head_stride, dim, row);
-                for (int64_t g = 0; g < group; g++) {
-                    float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-                    for (int64_t d = 0; d < dim; d++) dot += queries[g][d] * row[d];
-                    dot *= scale;
-                    scores[g * length + t] = dot;
-                    if (dot > largest[g]) largest[g] = dot;
-                }
-            }
-            float totals[MAX_GROUP];
-            for (int64_t g = 0; g < group; g++) {
-                float *weights = scores + g * length, total = 0.0f, top = largest[g];
-#pragma omp simd reduction(+ : total)
-                for (int64_t t = 0; t < length; t++) {
-                    weights[t] = exp_vectorizable(weights[t] - top);
-                    total += weights[t];
-                }
-                totals[g] = total;
-                memset(sums[g], 0, sizeof(float) * (size_t)dim);
-            }
-            for (int64_t t = 0; t < length; t++) {
-                load_row(value_cache, table, t, block_size, block_stride, position_stride, h * head_stride, dim, row);
-                for (int64_t g = 0; g < group; g++) {
-                    float weight = scores[g * length + t];
-                    for (int64_t d = 0; d < dim; d++) sums[g][d] += weight * row[d];
-                }
-            }
-            for (int64_t g = 0; g < group; g++) {
-                uint16_t *target = out + (b * q_heads + h * group + g) * dim;
-                float inverse = 1.0f / totals[g];
-                for (int64_t d = 0; d < dim; d++) target[d] = float_to_bf16(sums[g][d] * inverse);
-            }
-        }
-    }
+    struct attention_call call = {query, key_cache, value_cache, block_tables, context_lens, out, table_stride,
+                                  q_heads, kv_heads, dim, block_size, block_stride, position_stride, head_stride,
+                                  scale};
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1) if (threads > 1)
+    for (int64_t pair = 0; pair < pairs; pair++)
+        attend(&call, pair / kv_heads, pair % kv_heads, scores + room * (size_t)omp_get_thread_num());
     free(scores);
     return OK;
 }

@@ -19,7 +19,7 @@ import torch
 from kvferry.native_library import NativeLibrary
 
 LIBRARY = NativeLibrary(Path(__file__).with_name("_cpu_bf16.c"), "kvferry.kernels' bfloat16 CPU kernels",
-                        ("-O3", "-fopenmp-simd", "-fno-math-errno", "-lm"))  # fmt: skip
+                        ("-O3", "-fopenmp", "-fno-math-errno", "-lm"))  # fmt: skip
 MAX_HEAD_DIM = 256  # as the C file's
 MAX_GROUP = 32
 _REFUSALS = {-1: "an unsupported shape", -2: "no memory for the scores", -3: "a context longer than its block table",
@@ -28,7 +28,8 @@ _REFUSALS = {-1: "an unsupported shape", -2: "no memory for the scores", -3: "a 
 
 _int64, _pointer, _float = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _SIGNATURES = {  # name: (restype, argtypes)
-    "kvf_decode_attention_bf16": (ctypes.c_int, [_pointer] * 4 + [_int64] * 2 + [_pointer] * 2 + [_int64] * 9 + [_float]),
+    "kvf_decode_attention_bf16": (ctypes.c_int, [_pointer] * 4 + [_int64] * 2 + [_pointer] * 2 + [_int64] * 9 + [_float]
+                                  + [_int64]),
     "kvf_rms_norm_bf16": (None, [_pointer] * 5 + [_int64] * 2 + [_float]),
     "kvf_rope_store_kv_bf16": (ctypes.c_int, [_pointer] * 3 + [_int64, _pointer, _pointer, _int64] + [_pointer] * 4
                                + [_int64] * 9),
@@ -106,7 +107,7 @@ def paged_decode_attention(query: torch.Tensor, key_cache: torch.Tensor, value_c
         "kvf_decode_attention_bf16", query.data_ptr(), key_cache.data_ptr(), value_cache.data_ptr(),
         tables.data_ptr(), tables.stride(0), tables.shape[1], lengths.data_ptr(), out.data_ptr(), batch, num_q_heads,
         num_kv_heads, head_dim, num_blocks, block_size, key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        scale,
+        scale, torch.get_num_threads(),
     ), "CPU decode attention")  # fmt: skip
     return out
 

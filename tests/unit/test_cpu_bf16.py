@@ -1,7 +1,8 @@
 """The C bfloat16 kernels (kernels/_cpu_bf16.c) against the torch reference they replace on the CPU: decode
 attention on strided pool views with random block placement (the same but for the order of float32 sums, a
-row's output the same alone and in any batch), RMSNorm, RoPE with the KV store (bit for bit), SiLU-and-mul;
-bad tables, positions and slots refused before anything is read or written; and dispatch's choice of them."""
+row's output the same alone, in any batch and on any thread count), RMSNorm, RoPE with the KV store (bit for
+bit), SiLU-and-mul; bad tables, positions and slots refused before anything is read or written; and
+dispatch's choice of them."""
 
 from __future__ import annotations
 
@@ -48,6 +49,20 @@ def test_a_sequence_s_output_is_the_same_alone_and_in_a_batch():
         alone = cpu_bf16.paged_decode_attention(query[i : i + 1], key_cache, value_cache, tables[i : i + 1],
                                                      lens[i : i + 1], 0.125)  # fmt: skip
         assert torch.equal(alone, batched[i : i + 1])
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_attention_on_any_thread_count_gives_the_same_bits(threads):
+    query, key_cache, value_cache, tables, lens = _case([5, 70, 33, 1, 200], 3, 3, 64, seed=11)
+    args = (query, key_cache, value_cache, tables, lens, 0.125)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu_bf16.paged_decode_attention(*args)
+        torch.set_num_threads(threads)  # the kernel splits its (sequence, kv head) pairs over torch's threads
+        assert torch.equal(cpu_bf16.paged_decode_attention(*args), one)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_bad_tables_are_refused_before_anything_is_read():
