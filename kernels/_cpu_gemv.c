@@ -1,6 +1,6 @@
-/* Linear layers of the CPU's decode step, x @ W.T for a few rows (1 to a few dozen), bfloat16 or float32,
-reading each weight byte once from memory at close to its bandwidth on every core torch uses. No Python
-header: loaded with ctypes (kernels/cpu_gemv.py).
+/* Linear layers of the CPU's decode step, x @ W.T for a few rows (a decode batch: 1 to a few hundred),
+bfloat16 or float32, reading each weight byte once from memory at close to its bandwidth on every core torch
+uses. No Python header: loaded with ctypes (kernels/cpu_gemv.py).
 
 Weights are packed once (cpu_gemv.py) into tiles of TILE outputs: bfloat16 as [tiles][ceil(K/2)][TILE][2],
 each k pair of a tile's outputs side by side, as AVX-512 BF16's dot product of pairs takes them; float32 as
@@ -8,14 +8,18 @@ each k pair of a tile's outputs side by side, as AVX-512 BF16's dot product of p
 float32 lanes) stay in registers while it streams, the rows' inputs broadcast from memory; more rows than
 ROW_BLOCK go through the tile again, from the core's L2 cache. Zero padding past N and K (odd K) adds nothing.
 
-Threads: the tiles are split evenly between the threads of an OpenMP parallel region. torch's wheels load
+Threads: the tiles are split evenly between the threads of an OpenMP parallel region (32 outputs a tile so
+that SmolLM2's 576 outputs make 18 tiles, even on two threads; tiles of 64 left one thread a ninth more). torch's wheels load
 their own libgomp under the soname libgomp.so.1, and this library, loaded after torch, binds to that same
 one: the region runs on torch's own worker threads, which spin a while after each of torch's parallel ops
 (and each of these calls), so there is no second pool to oversubscribe the cores and a call costs a couple
 of microseconds of fork and join.
 
-Arithmetic: each output a float32 sum of its K products (in k order within a pair step, pairs in order),
-the bias added, bfloat16 outputs rounded to nearest even as torch rounds.
+Arithmetic: each output a float32 sum of its K products in k order (bfloat16: a pair's two products at a
+time, exact in float32), the bias added, bfloat16 outputs rounded to nearest even as torch rounds. A row's
+outputs depend on that row alone: the same bits in any batch and on any thread count. AVX-512 BF16's dot
+product treats subnormal inputs and sums as zero (Intel's definition of the instruction), far below any
+weight or activation of a model.
 */
 #include <immintrin.h>
 #include <omp.h>
