@@ -11,6 +11,7 @@ agreement rate over all positions must be at least 0.9. Transformers' agreement 
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -131,12 +132,13 @@ def test_programmatic_launch_changes_no_token(quantization, checkpoints, monkeyp
     read its input before the wait would part at random."""
     from kvferry.kernels import pdl
 
-    prompts = _prompts(2048)
+    checkpoint = checkpoints["llama", "small", "bfloat16"]
+    prompts = _prompts(json.loads((checkpoint / "config.json").read_text())["vocab_size"])
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     runs = {}
     for launch in ("1", "0"):
         monkeypatch.setenv(pdl.VARIABLE, launch)
-        llm = LLM(checkpoints["llama", "small", "bfloat16"], dtype="bfloat16", device="cuda", max_model_len=512,
+        llm = LLM(checkpoint, dtype="bfloat16", device="cuda", max_model_len=512,
                   kv_cache_bytes=KV_CACHE_BYTES, quantization=quantization)  # fmt: skip
         batched = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
         alone = [llm.generate({"prompt_token_ids": p}, params)[0].outputs[0].token_ids for p in prompts[:3]]
