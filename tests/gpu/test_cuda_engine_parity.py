@@ -127,23 +127,29 @@ def test_bfloat16_top1_agreement(arch, size, checkpoints):
 def test_programmatic_launch_changes_no_token(quantization, checkpoints, monkeypatch):
     """kernels/pdl.py: the kernels launched with programmatic dependent launch fetch weights before their
     wait and may start while the kernel before still runs. Their arithmetic is the same either way, so the
-    bf16 (or FP8) engine's greedy tokens must be the same as with every kernel launched the ordinary way,
-    batched (the GEMMs, attention over a batch) and one prompt at a time (the one-row GEMVs); a kernel that
-    read its input before the wait would part at random."""
-    from kvferry.kernels import pdl
+    engine's greedy tokens must be the same as with every kernel launched the ordinary way; a kernel that
+    read its input before the wait would part at random. bf16: batched (GEMMs, attention over a batch) and one
+    prompt at a time (the one-row GEMVs). FP8: one prompt at a time, prompts past 64 tokens only, since the
+    FP8 GEMM of 2-64 rows adds K's spans with float32 atomics, whose order (and so the last bits) varies
+    from run to run with or without PDL (seen on an H100: FP8 batches parted)."""
+    from kvferry.kernels import fp8_linear, pdl
 
     checkpoint = checkpoints["llama", "small", "bfloat16"]
     prompts = _prompts(json.loads((checkpoint / "config.json").read_text())["vocab_size"])
+    if quantization == "fp8":
+        prompts = [p for p in prompts if len(p) > fp8_linear.SMALL_BATCH]
     params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
     runs = {}
     for launch in ("1", "0"):
         monkeypatch.setenv(pdl.VARIABLE, launch)
         llm = LLM(checkpoint, dtype="bfloat16", device="cuda", max_model_len=512,
                   kv_cache_bytes=KV_CACHE_BYTES, quantization=quantization)  # fmt: skip
-        batched = [o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)]
-        alone = [llm.generate({"prompt_token_ids": p}, params)[0].outputs[0].token_ids for p in prompts[:3]]
+        alone = [llm.generate({"prompt_token_ids": p}, params)[0].outputs[0].token_ids for p in prompts]
+        batched = [] if quantization else [
+            o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        ]
         assert llm.engine.runner.graphs.num_replays > 0, "no decode step ran through a CUDA graph"
-        runs[launch] = (batched, alone)
+        runs[launch] = (alone, batched)
         if launch == "1":
             assert pdl.enabled(torch.zeros(1, device="cuda")) == (torch.cuda.get_device_capability()[0] >= 9)
         del llm
