@@ -9,6 +9,7 @@ the C kernel's tiles (`pack`); cpu_linear.py keeps that copy as long as the weig
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -43,38 +44,48 @@ def has_vector_kernel(dtype: torch.dtype) -> bool:
     return bool(_loaded().kvf_linear_has_vector_kernel(dtype == torch.bfloat16))
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """The weight [N, K] in the C kernel's layout: outputs in tiles of TILE (zeros past N), bfloat16 as k
-    pairs side by side ([tiles, ceil(K/2), TILE, 2], a zero past an odd K), float32 as [tiles, K, TILE]."""
+@dataclass(frozen=True)
+class PackedWeight:
+    """A weight [N, K] in the C kernel's layout, from `pack`: outputs in tiles of TILE (zeros past N),
+    bfloat16 as k pairs side by side ([tiles, ceil(K/2), TILE, 2], a zero past an odd K), float32 as
+    [tiles, K, TILE]."""
+
+    tiles: torch.Tensor
+    out_features: int
+    in_features: int
+
+
+def pack(weight: torch.Tensor) -> PackedWeight:
+    """The weight [N, K] in the C kernel's layout (see PackedWeight)."""
     n, k = weight.shape
     tiles = -(-n // TILE)
     if weight.dtype == torch.bfloat16:
         padded = F.pad(weight, (0, k % 2, 0, tiles * TILE - n))
-        return padded.view(tiles, TILE, -1, 2).transpose(1, 2).contiguous()
-    if weight.dtype == torch.float32:
-        return F.pad(weight, (0, 0, 0, tiles * TILE - n)).view(tiles, TILE, k).transpose(1, 2).contiguous()
-    raise ValueError(f"the CPU linear kernel takes bfloat16 or float32, not {weight.dtype}")
+        packed = padded.view(tiles, TILE, -1, 2).transpose(1, 2).contiguous()
+    elif weight.dtype == torch.float32:
+        packed = F.pad(weight, (0, 0, 0, tiles * TILE - n)).view(tiles, TILE, k).transpose(1, 2).contiguous()
+    else:
+        raise ValueError(f"the CPU linear kernel takes bfloat16 or float32, not {weight.dtype}")
+    return PackedWeight(packed, n, k)
 
 
-def linear(x: torch.Tensor, packed: torch.Tensor, out_features: int, bias: torch.Tensor | None = None,
-           threads: int = 1, portable: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ W.T + bias for x [rows, K] packed, W given as `pack(W)` (its N = `out_features`), on `threads`
-    threads, into `out` ([rows, N] packed) or a new tensor; `portable` takes the plain C kernel where the
-    vector one would run (for the tests)."""
-    pairs = x.dtype == torch.bfloat16
-    if x.dim() != 2 or x.dtype not in DTYPES or x.dtype != packed.dtype or not x.is_contiguous():
-        raise ValueError("x must be a packed [rows, K] tensor of the packed weight's dtype")
-    rows, k = x.shape
-    if packed.shape[:2] != (-(-out_features // TILE), (k + 1) // 2 if pairs else k) or not packed.is_contiguous():
-        raise ValueError(f"the packed weight is not `pack` of a [{out_features}, {k}] weight")
-    if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous() or bias.shape != (out_features,)):
+def linear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None, threads: int = 1,
+           portable: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ W.T + bias for x [rows, K] packed, W given packed, on `threads` threads, into `out` ([rows, N]
+    packed) or a new tensor; `portable` takes the plain C kernel where the vector one would run (tests).
+    The checks are plain comparisons: a decode step makes 121 of these calls."""
+    tiles, n = weight.tiles, weight.out_features
+    if x.dim() != 2 or x.dtype != tiles.dtype or not x.is_contiguous() or x.shape[1] != weight.in_features:
+        raise ValueError(f"x must be a packed [rows, {weight.in_features}] tensor of the weight's dtype")
+    if bias is not None and (bias.dtype != x.dtype or not bias.is_contiguous() or bias.shape != (n,)):
         raise ValueError("the bias must be a packed [N] tensor of the weight's dtype")
+    rows = x.shape[0]
     if out is None:
-        out = torch.empty(rows, out_features, dtype=x.dtype)
-    elif out.dtype != x.dtype or not out.is_contiguous() or out.shape != (rows, out_features):
+        out = torch.empty(rows, n, dtype=x.dtype)
+    elif out.dtype != x.dtype or not out.is_contiguous() or out.shape != (rows, n):
         raise ValueError("out must be a packed [rows, N] tensor of x's dtype")
     library = _library or _loaded()
-    kernel = library.kvf_linear_bf16 if pairs else library.kvf_linear_f32
-    kernel(x.data_ptr(), packed.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(), rows, k,
-           out_features, threads, portable)  # fmt: skip
+    kernel = library.kvf_linear_bf16 if x.dtype == torch.bfloat16 else library.kvf_linear_f32
+    kernel(x.data_ptr(), tiles.data_ptr(), None if bias is None else bias.data_ptr(), out.data_ptr(), rows,
+           weight.in_features, n, threads, portable)  # fmt: skip
     return out

@@ -49,7 +49,7 @@ def test_the_kernel_is_the_exact_sum_within_rounding(rows, n, k, threads, kernel
     _runs_here(kernel, dtype)
     x, weight, bias = _case(rows, n, k, dtype, seed=rows * n + k)
     out = torch.full((rows, n), float("nan"), dtype=dtype)  # poisoned: every output must be written
-    cpu_gemv.linear(x, cpu_gemv.pack(weight), n, bias if rows % 2 else None, threads, kernel == "portable", out=out)
+    cpu_gemv.linear(x, cpu_gemv.pack(weight), bias if rows % 2 else None, threads, kernel == "portable", out=out)
     assert not out.isnan().any()
     _assert_within_rounding(out, x, weight, bias if rows % 2 else None)
 
@@ -60,10 +60,10 @@ def test_a_row_s_output_is_the_same_alone_in_a_batch_and_on_any_thread_count(ker
     _runs_here(kernel, dtype)
     x, weight, _ = _case(19, 200, 333, dtype, seed=5)
     packed, portable = cpu_gemv.pack(weight), kernel == "portable"
-    batched = cpu_gemv.linear(x, packed, 200, threads=1, portable=portable)
-    assert torch.equal(cpu_gemv.linear(x, packed, 200, threads=2, portable=portable), batched)
+    batched = cpu_gemv.linear(x, packed, threads=1, portable=portable)
+    assert torch.equal(cpu_gemv.linear(x, packed, threads=2, portable=portable), batched)
     for row in (0, 8, 18):
-        assert torch.equal(cpu_gemv.linear(x[row : row + 1], packed, 200, threads=2, portable=portable), batched[row : row + 1])
+        assert torch.equal(cpu_gemv.linear(x[row : row + 1], packed, threads=2, portable=portable), batched[row : row + 1])
 
 
 def test_the_vector_and_plain_kernels_agree():
@@ -71,25 +71,20 @@ def test_the_vector_and_plain_kernels_agree():
         _runs_here("vector", dtype)
         x, weight, bias = _case(5, 70, 99, dtype, seed=3)
         packed = cpu_gemv.pack(weight)
-        vector = cpu_gemv.linear(x, packed, 70, bias, portable=False)
-        torch.testing.assert_close(cpu_gemv.linear(x, packed, 70, bias, portable=True), vector, rtol=2**-7, atol=1e-5)
+        vector = cpu_gemv.linear(x, packed, bias, portable=False)
+        torch.testing.assert_close(cpu_gemv.linear(x, packed, bias, portable=True), vector, rtol=2**-7, atol=1e-5)
 
 
 def test_bad_operands_are_refused_before_the_kernel_reads_them():
     x, weight, bias = _case(4, 40, 64, torch.bfloat16, seed=1)
     packed = cpu_gemv.pack(weight)
-    with pytest.raises(ValueError, match="packed"):
-        cpu_gemv.linear(x.t().contiguous().t(), packed, 40)  # a transposed view: not packed rows
-    with pytest.raises(ValueError, match="packed"):
-        cpu_gemv.linear(x.float(), packed, 40)
-    with pytest.raises(ValueError, match="not `pack` of"):
-        cpu_gemv.linear(x[:, :62].contiguous(), packed, 40)
-    with pytest.raises(ValueError, match="not `pack` of"):
-        cpu_gemv.linear(x, packed, 65)  # more outputs than its tiles hold
+    for bad_x in (x.t().contiguous().t(), x.float(), x[:, :62].contiguous(), x[None]):  # not packed [rows, 64] rows
+        with pytest.raises(ValueError, match=r"x must be a packed \[rows, 64\] tensor"):
+            cpu_gemv.linear(bad_x, packed)
     with pytest.raises(ValueError, match="bias"):
-        cpu_gemv.linear(x, packed, 40, bias.float())
+        cpu_gemv.linear(x, packed, bias.float())
     with pytest.raises(ValueError, match="out"):
-        cpu_gemv.linear(x, packed, 40, out=torch.empty(4, 41, dtype=torch.bfloat16))
+        cpu_gemv.linear(x, packed, out=torch.empty(4, 41, dtype=torch.bfloat16))
     with pytest.raises(ValueError, match="bfloat16 or float32"):
         cpu_gemv.pack(weight.half())
 
