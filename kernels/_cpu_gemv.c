@@ -29,6 +29,10 @@ weight or activation of a model.
 #define TILE 32
 #define ROW_BLOCK 8
 #define BF16_TARGET "avx512f,avx512bw,avx512vl,avx512bf16"
+/* The vector kernels ask for the weights this many bytes ahead of their reads, into L2: a decode step is 121
+calls of 0.3-3.5 MB each, and at each call's start the hardware's prefetcher had not yet found the stream;
+121 bfloat16 calls of SmolLM2's shapes took 5-9% less time with it (4 KB; 1 KB into L1 was slower). */
+#define PREFETCH_AHEAD 4096
 
 /* The two conversions of kernels/_cpu_bf16.c, repeated: each library is one C file compiled alone, and the
 rounding must be torch's in both. */
@@ -57,6 +61,13 @@ struct linear_call {
 typedef void tile_kernel(const struct linear_call *call, int64_t tile, int64_t first_row, int rows,
                          float sums[ROW_BLOCK][TILE]);
 
+/* The two cache lines (a step's 128 bytes of weights) PREFETCH_AHEAD bytes on; a prefetch past the end of the
+weights does not fault. */
+static inline __attribute__((always_inline)) void prefetch_ahead(const void *step) {
+    _mm_prefetch((const char *)step + PREFETCH_AHEAD, _MM_HINT_T1);
+    _mm_prefetch((const char *)step + PREFETCH_AHEAD + 64, _MM_HINT_T1);
+}
+
 /* ---- bfloat16: AVX-512 BF16 ---- */
 
 static inline __attribute__((always_inline, target(BF16_TARGET))) void bf16_tile_avx512_rows(
@@ -66,6 +77,7 @@ static inline __attribute__((always_inline, target(BF16_TARGET))) void bf16_tile
     for (int r = 0; r < rows; r++) low[r] = high[r] = _mm512_setzero_ps();
     int64_t pairs = k / 2;
     for (int64_t p = 0; p < pairs; p++) {
+        prefetch_ahead(weights + p * 2 * TILE);
         __m512bh first = (__m512bh)_mm512_loadu_si512(weights + p * 2 * TILE);
         __m512bh second = (__m512bh)_mm512_loadu_si512(weights + p * 2 * TILE + TILE);
 #pragma GCC unroll 8
@@ -119,6 +131,7 @@ static inline __attribute__((always_inline, target("avx512f"))) void f32_tile_av
 #pragma GCC unroll 8
     for (int r = 0; r < rows; r++) low[r] = high[r] = _mm512_setzero_ps();
     for (int64_t i = 0; i < k; i++) {
+        prefetch_ahead(weights + i * TILE);
         __m512 first = _mm512_loadu_ps(weights + i * TILE), second = _mm512_loadu_ps(weights + i * TILE + 16);
 #pragma GCC unroll 8
         for (int r = 0; r < rows; r++) {
