@@ -21,16 +21,17 @@ Each row also says how many weight bytes a decode step reads and the batch-1 rat
 token at this process's measured memory read bandwidth allows (`bandwidth_bound_tok_s`), the bound every
 engine's batch-1 decode sits under.
 
-bfloat16 rows: kvferry with `--dtype bfloat16` (oneDNN's bfloat16 kernels, where this CPU has them:
-kernels/cpu_linear.py) and llama.cpp on a BF16 GGUF that convert_hf_to_gguf.py writes from the same import,
-with the same teacher-forced agreement between the two.
+bfloat16 rows: kvferry with `--dtype bfloat16` and llama.cpp on a BF16 GGUF that convert_hf_to_gguf.py writes
+from the same import, with the same teacher-forced agreement between the two.
 
 int4 row: kvferry with `--quantization int4 --dtype bfloat16` (kernels/int4_linear.py: the linear layers in
 groups of 32 as the Q4_1 file has them, the LM head in int8 as its Q8_0) beside llama.cpp on the Q4_1 file,
 with the same agreement on that file: kvferry int4, and kvferry float32 (the file dequantized exactly).
 
-bfloat16 and int4 run twice: with the C kernels of bfloat16's decode step (kernels/cpu_bf16.py, the default)
-and with `KVFERRY_KERNELS=torch` ("torch kernels"), the torch ops they replace.
+float32, bfloat16 and int4 run twice: with kvferry's C kernels (the default: the linear layers of decode
+batches in kernels/cpu_gemv.py, for float32 and bfloat16; bfloat16's other decode-step kernels in
+kernels/cpu_bf16.py) and with `KVFERRY_KERNELS=torch` ("torch kernels"): oneDNN's prepacked linear layers
+(kernels/cpu_linear.py) and the torch ops the others replace.
 
 llama-cpp-python is not a dependency of kvferry: `make bench-llama-cpp` builds it from source (about ten
 minutes here); its source distribution carries the convert script, unpacked once into the kvferry cache.
@@ -359,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     # Each engine, and the weight bytes one decode step reads (every weight: the LM head is the embedding).
     engines: dict[str, tuple[Callable[[], Generate], float]] = {
         "kvferry float32": (lambda: kvferry_generate(model), 4 * parameters),
+        "kvferry float32, torch kernels": (lambda: kvferry_generate(model, kernels="torch"), 4 * parameters),
         "transformers float32": (lambda: transformers_generate(model), 4 * parameters),
         "llama.cpp F32 GGUF": (lambda: llama_cpp_generate(f32, sizes), gguf_bytes(f32)),
         "llama.cpp Q4_1 GGUF": (lambda: llama_cpp_generate(q4, sizes), gguf_bytes(q4)),
