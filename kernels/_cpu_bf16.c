@@ -15,6 +15,8 @@ own inputs alone: a token's output is the same in any batch.
 #include <stdlib.h>
 #include <string.h>
 
+#include "_cpu_bf16_bits.h"
+
 #define MAX_HEAD_DIM 256
 #define MAX_GROUP 32
 
@@ -22,20 +24,6 @@ enum {
     OK = 0, SHAPE_UNSUPPORTED = -1, NO_MEMORY = -2, CONTEXT_OUT_OF_TABLE = -3, BLOCK_OUT_OF_POOL = -4,
     POSITION_OUT_OF_TABLE = -5, SLOT_OUT_OF_POOL = -6,
 };
-
-static inline float bf16_to_float(uint16_t value) {
-    uint32_t bits = (uint32_t)value << 16;
-    float number;
-    memcpy(&number, &bits, sizeof number);
-    return number;
-}
-
-static inline uint16_t float_to_bf16(float number) {
-    uint32_t bits;
-    memcpy(&bits, &number, sizeof bits);
-    uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    return (uint16_t)((bits & 0x7fffffffu) > 0x7f800000u ? (bits >> 16) | 0x40u : rounded);  /* NaN stays NaN */
-}
 
 /* e^x in a form the compiler vectorizes (libm's expf is a call per element): 2^n * e^r, n = x / ln 2 rounded
 (by adding 1.5 * 2^23, whose float sum keeps n in its low bits: no floorf, which gcc leaves scalar), r = x - n ln 2

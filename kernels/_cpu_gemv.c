@@ -26,6 +26,8 @@ weight or activation of a model.
 #include <stdint.h>
 #include <string.h>
 
+#include "_cpu_bf16_bits.h"
+
 #define TILE 32
 #define ROW_BLOCK 8
 #define BF16_TARGET "avx512f,avx512bw,avx512vl,avx512bf16"
@@ -33,22 +35,6 @@ weight or activation of a model.
 calls of 0.3-3.5 MB each, and at each call's start the hardware's prefetcher had not yet found the stream;
 121 bfloat16 calls of SmolLM2's shapes took 5-9% less time with it (4 KB; 1 KB into L1 was slower). */
 #define PREFETCH_AHEAD 4096
-
-/* The two conversions of kernels/_cpu_bf16.c, repeated: each library is one C file compiled alone, and the
-rounding must be torch's in both. */
-static inline float bf16_to_float(uint16_t value) {
-    uint32_t bits = (uint32_t)value << 16;
-    float number;
-    memcpy(&number, &bits, sizeof number);
-    return number;
-}
-
-static inline uint16_t float_to_bf16(float number) {
-    uint32_t bits;
-    memcpy(&bits, &number, sizeof bits);
-    uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    return (uint16_t)((bits & 0x7fffffffu) > 0x7f800000u ? (bits >> 16) | 0x40u : rounded);  /* NaN stays NaN */
-}
 
 /* One call's operands. x: [rows, k] packed; out: [rows, n] packed; bias: [n] or NULL. */
 struct linear_call {

@@ -19,7 +19,7 @@ import torch
 from kvferry.native_library import NativeLibrary
 
 LIBRARY = NativeLibrary(Path(__file__).with_name("_cpu_bf16.c"), "kvferry.kernels' bfloat16 CPU kernels",
-                        ("-O3", "-fopenmp", "-fno-math-errno", "-lm"))  # fmt: skip
+                        ("-O3", "-fopenmp", "-fno-math-errno", "-lm"), ("_cpu_bf16_bits.h",))  # fmt: skip
 MAX_HEAD_DIM = 256  # as the C file's
 MAX_GROUP = 32
 _REFUSALS = {-1: "an unsupported shape", -2: "no memory for the scores", -3: "a context longer than its block table",

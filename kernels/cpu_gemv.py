@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from kvferry.native_library import NativeLibrary
 
 LIBRARY = NativeLibrary(Path(__file__).with_name("_cpu_gemv.c"), "kvferry.kernels' CPU linear kernels",
-                        ("-O3", "-fopenmp", "-fno-math-errno"))  # fmt: skip
+                        ("-O3", "-fopenmp", "-fno-math-errno"), ("_cpu_bf16_bits.h",))  # fmt: skip
 TILE = 32  # outputs a tile, as the C file's
 DTYPES = (torch.bfloat16, torch.float32)
 

@@ -34,12 +34,14 @@ class NativeLibrary:
     source: Path  # the C file; the library is `<stem><extension suffix>` beside it
     purpose: str  # what it is, for errors: "kvferry.transfer's put loop"
     flags: tuple[str, ...] = ("-O2",)  # pyproject.toml's extra-compile-args (and -l options) for it
+    headers: tuple[str, ...] = ()  # the headers beside the source that it includes (pyproject.toml's depends)
 
     def built(self) -> Path | None:
-        """The library; in a source checkout only one at least as new as the source (an installed package
+        """The library; in a source checkout only one at least as new as the source and its headers (an installed package
         is built once, and the times its files get from the wheel say nothing)."""
         checkout = (self.source.parent.parent / "pyproject.toml").is_file()
-        source_time = self.source.stat().st_mtime if checkout else 0.0
+        inputs = [self.source, *(self.source.with_name(header) for header in self.headers)]
+        source_time = max(path.stat().st_mtime for path in inputs) if checkout else 0.0
         for suffix in importlib.machinery.EXTENSION_SUFFIXES:
             path = self.source.with_name(self.source.stem + suffix)
             if path.is_file() and path.stat().st_mtime >= source_time:
