@@ -24,6 +24,7 @@ import triton.language as tl
 
 from kvferry.kernels import pdl
 from kvferry.kernels.pdl import wait_for_predecessor
+from kvferry.kernels.triton_linear import weight_tile
 
 # The float32 bits of an e4m3 byte after `(byte << 24) >> 4`: the sign, and the 7 bits of exponent and
 # mantissa at 20-26 (0x87F00000 as a signed int32).
@@ -65,13 +66,6 @@ def _scaled_x(ptrs, mask, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def _words_tile(w_ptrs, k, K_WORDS, cols, row_mask, EVEN_K: tl.constexpr):
-    if EVEN_K:
-        return tl.load(w_ptrs + k, mask=row_mask[:, None], other=0)
-    return tl.load(w_ptrs + k, mask=row_mask[:, None] & (k + cols < K_WORDS)[None, :], other=0)
-
-
-@triton.jit
 def _accumulate(acc, words, x_ptr, k, K_WORDS, cols, EVEN_K: tl.constexpr):
     """acc plus the four products of each word's FP8 values with x's columns 4j .. 4j+3 (lowest byte first)."""
     col_mask = k + cols < K_WORDS
@@ -91,11 +85,11 @@ def _fp8_gemv_kernel(x_ptr, words_ptr, scale_ptr, out_ptr, N, K_WORDS, stride_wn
     cols = tl.arange(0, BLOCK_W)
     w_ptrs = words_ptr + rows[:, None].to(tl.int64) * stride_wn + cols[None, :]
     # The first tile of words is fetched before x, which the kernel before writes, may be read (kernels/pdl.py).
-    words = _words_tile(w_ptrs, 0, K_WORDS, cols, row_mask, EVEN_K)
+    words = weight_tile(w_ptrs, 0, K_WORDS, cols, row_mask, EVEN_K)
     wait_for_predecessor(PDL)
     acc = _accumulate(tl.zeros([BLOCK_N, BLOCK_W], dtype=tl.float32), words, x_ptr, 0, K_WORDS, cols, EVEN_K)
     for k in range(BLOCK_W, K_WORDS, BLOCK_W):
-        words = _words_tile(w_ptrs, k, K_WORDS, cols, row_mask, EVEN_K)
+        words = weight_tile(w_ptrs, k, K_WORDS, cols, row_mask, EVEN_K)
         acc = _accumulate(acc, words, x_ptr, k, K_WORDS, cols, EVEN_K)
     out = tl.sum(acc, axis=1) * (tl.load(scale_ptr + rows, mask=row_mask, other=0.0) * _X_SCALE)
     tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=row_mask)

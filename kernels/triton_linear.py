@@ -32,10 +32,11 @@ class GemvTiling:
 
 
 @triton.jit
-def _weight_tile(w_ptrs, k, K, cols, row_mask, EVEN_K: tl.constexpr):
+def weight_tile(w_ptrs, k, K, cols, row_mask, EVEN_K: tl.constexpr):
+    """Columns k .. k + len(cols) of a program's weight rows, zeros past N and K (the FP8 GEMV's too)."""
     if EVEN_K:
-        return tl.load(w_ptrs + k, mask=row_mask[:, None], other=0.0)
-    return tl.load(w_ptrs + k, mask=row_mask[:, None] & (k + cols < K)[None, :], other=0.0)
+        return tl.load(w_ptrs + k, mask=row_mask[:, None], other=0)
+    return tl.load(w_ptrs + k, mask=row_mask[:, None] & (k + cols < K)[None, :], other=0)
 
 
 @triton.jit
@@ -53,11 +54,11 @@ def _gemv_kernel(x_ptr, weight_ptr, out_ptr, N, K, stride_wn, BLOCK_N: tl.conste
     cols = tl.arange(0, BLOCK_K)
     w_ptrs = weight_ptr + rows[:, None].to(tl.int64) * stride_wn + cols[None, :]
     # The first weight tile is fetched before x, which the kernel before writes, may be read (kernels/pdl.py).
-    w = _weight_tile(w_ptrs, 0, K, cols, row_mask, EVEN_K)
+    w = weight_tile(w_ptrs, 0, K, cols, row_mask, EVEN_K)
     wait_for_predecessor(PDL)
     acc = w.to(tl.float32) * _x_tile(x_ptr, 0, K, cols, EVEN_K)
     for k in range(BLOCK_K, K, BLOCK_K):
-        acc += _weight_tile(w_ptrs, k, K, cols, row_mask, EVEN_K).to(tl.float32) * _x_tile(x_ptr, k, K, cols, EVEN_K)
+        acc += weight_tile(w_ptrs, k, K, cols, row_mask, EVEN_K).to(tl.float32) * _x_tile(x_ptr, k, K, cols, EVEN_K)
     out = tl.sum(acc, axis=1)
     tl.store(out_ptr + rows, out.to(out_ptr.dtype.element_ty), mask=row_mask)
 
