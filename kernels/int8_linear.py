@@ -1,19 +1,24 @@
 """Linear layers with int8 weights on the CPU: one int8 value per weight, one float32 scale per output row,
-multiplied by fbgemm's int8 GEMM (`quantized::linear_dynamic`) against activations quantized as it goes.
+multiplied by kvferry's C kernel (kernels/cpu_gemv.py) against the activations as they are, in bfloat16 or
+float32: the weights are widened to float32 in registers, the activations are not quantized.
 
-Why: a CPU decode step streams every weight once, and float32 weights are 4 bytes each. fbgemm's AVX2 int8
-kernel reads a quarter of the bytes. A first probe of the real model's shapes at one row, on the 2-core
-development machine while other tests ran (so rough), put `linear` below at 1.7-1.9x the prepacked float32
-path for gate/up and down and 6.6x for the LM head, but at half its speed for o_proj, where the ~50 us of
-fixed cost per call (the activations' split, fbgemm's own quantization) outweighs the bytes saved.
+Why: a CPU decode step streams every weight once, and int8 reads a quarter of float32's bytes, half of
+bfloat16's. fbgemm's int8 GEMM (`quantized::linear_dynamic`), which this module used before, quantizes the
+activations and cost about 50 us a call before any work (two 7-bit rows a row, below); the C kernel
+streams the weights as it does float32's and bfloat16's, a few microseconds a call.
 
-Activations: `linear_dynamic` quantizes its whole input to 7 bits (fbgemm's reduced range on AVX2) with
-one range, so a row's rounding would depend on the other rows of its batch, and 7 bits over a row whose
-largest value is an outlier channel cost the real model a fifth of its greedy tokens (80% teacher-forced
-top-1 against float32). `linear` below fixes the range and gives each row about 13 bits in two rows.
+Rows: up to C_KERNEL_MAX_ROWS rows (decode batches) take the C kernel; more (prefill) dequantize the weight
+once a call to the activations' dtype and take `F.linear`, MKL's GEMM.
 
-torch marks its quantized tensor API as deprecated (pytorch#184982); it is what reaches fbgemm from
-Python today, and its one use is here.
+Quality: each product is float32's of the activation and the integer weight, so the only rounding int8 adds
+is the weights' own (half a step of their row's scale). With fbgemm the activations were rounded too (to
+about 13 bits a row in two 7-bit rows, since fbgemm's one 7-bit range for a whole call had cost the real model
+a fifth of its greedy tokens); tests/integration/test_cpu_quantized_weights.py has the agreement with float32.
+
+`KVFERRY_KERNELS=torch` keeps fbgemm's path, as kernels/cpu_linear.py keeps oneDNN's for bfloat16 and
+float32: torch's own kernels, for comparison and for a CPU where the C kernel would misbehave. Its packed copy
+is made on first use, so a node on the C kernel holds its weights once. torch marks its quantized tensor API
+as deprecated (pytorch#184982); it is what reaches fbgemm from Python today, and its one use is here.
 """
 
 from __future__ import annotations
@@ -23,35 +28,73 @@ import warnings
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from kvferry.kernels import cpu_gemv
 
 INT8_MAX = 127
+# Up to this many rows the C kernel runs, as for float32 and bfloat16 weights (kernels/cpu_linear.py); more
+# dequantize the weight once a call and take MKL's GEMM (see the top).
+C_KERNEL_MAX_ROWS = 256
 # A row of zeros would get scale 0; any positive scale represents it exactly.
 _SMALLEST_SCALE = 1e-12
 
 
 @dataclass(frozen=True)
 class Int8Weight:
-    packed: torch.ScriptObject  # fbgemm's prepacked int8 weight, read by quantized::linear_dynamic
+    packed: cpu_gemv.PackedWeight  # the int8 values in the C kernel's tiles, with their rows' float32 scales
     shape: torch.Size  # [out_features, in_features]
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
-        """The weight in `dtype`, int8 values times their row's scale: the reference the GEMM is checked
+        """The weight in `dtype`, int8 values times their row's scale: the reference the kernels are checked
         against."""
-        weight, _ = torch.ops.quantized.linear_unpack(self.packed)
-        return weight.dequantize().to(dtype)
+        assert self.packed.scales is not None  # quantize_int8 packs them
+        return (cpu_gemv.unpack(self.packed).to(torch.float32) * self.packed.scales[:, None]).to(dtype)
+
+    @functools.cached_property
+    def fbgemm(self) -> torch.ScriptObject:
+        """fbgemm's prepacked copy of the same values and scales, for `KVFERRY_KERNELS=torch`: made on its
+        first call."""
+        assert self.packed.scales is not None
+        zero_points = torch.zeros(self.shape[0], dtype=torch.long)
+        values = cpu_gemv.unpack(self.packed).contiguous()
+        with warnings.catch_warnings():  # the deprecation notice above, once per process otherwise
+            warnings.simplefilter("ignore", UserWarning)
+            quantized = torch._make_per_channel_quantized_tensor(values, self.packed.scales.double(), zero_points, 0)
+        return torch.ops.quantized.linear_prepack(quantized, None)
 
 
 def quantize_int8(weight: torch.Tensor) -> Int8Weight:
-    """Each row by its largest magnitude (symmetric, zero point 0), packed for fbgemm once."""
+    """Each row by its largest magnitude (symmetric, zero point 0), packed for the C kernel once."""
     if weight.dim() != 2 or weight.device.type != "cpu":
         raise ValueError(f"int8 weights are 2-d CPU tensors, got {tuple(weight.shape)} on {weight.device}")
     rows = weight.to(torch.float32)
-    scale = (rows.abs().amax(dim=1) / INT8_MAX).clamp(min=_SMALLEST_SCALE).double()
-    zero_points = torch.zeros(rows.shape[0], dtype=torch.long)
-    with warnings.catch_warnings():  # the deprecation notice above, once per process otherwise
-        warnings.simplefilter("ignore", UserWarning)
-        quantized = torch.quantize_per_channel(rows, scale, zero_points, 0, torch.qint8)
-    return Int8Weight(packed=torch.ops.quantized.linear_prepack(quantized, None), shape=weight.shape)
+    scales = (rows.abs().amax(dim=1) / INT8_MAX).clamp(min=_SMALLEST_SCALE)
+    values = torch.round(rows / scales[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return Int8Weight(packed=cpu_gemv.pack(values, scales), shape=weight.shape)
+
+
+def linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [..., in_features] (any float type; bfloat16 and float32 as they are, others in float32) times the
+    int8 weight (+ bias), in x's dtype. A row's result depends on that row alone."""
+    if x.device.type != "cpu":
+        raise ValueError(f"int8 weights run on the CPU only, got activations on {x.device}")
+    # Imported here: dispatch imports this module for Int8Weight, so an import at the top fails where this
+    # module loads first (0.3 us a call).
+    from kvferry.kernels import dispatch
+
+    if dispatch.side(x) == "torch":
+        return _fbgemm_linear(x, weight, bias)
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.dtype not in cpu_gemv.DTYPES:
+        rows = rows.to(torch.float32)
+    if bias is not None and bias.dtype != rows.dtype:
+        bias = bias.to(rows.dtype)
+    if rows.shape[0] > C_KERNEL_MAX_ROWS:
+        out = F.linear(rows, weight.dequantize(rows.dtype), bias)
+    else:
+        out = cpu_gemv.linear(rows.contiguous(), weight.packed, bias, torch.get_num_threads())
+    return out.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
 
 
 # fbgemm takes its activations' range from the whole input: an anchor row holding -1 and 63/64 makes it
@@ -62,15 +105,13 @@ _TOP = 63 / 64  # rows are scaled into [-_TOP, _TOP]: the grid's ends without it
 _FINE = 2 * _GRID * _TOP  # the remainder's scale: half a grid step brought to the grid's full span
 
 
-def linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [rows, in_features] (any float type; computed in float32) times the int8 weight, in x's dtype.
+def _fbgemm_linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None) -> torch.Tensor:
+    """fbgemm's product (in float32), its activations quantized to about 13 bits a row.
 
     Each row is scaled by its own largest magnitude into [-63/64, 63/64] and split into a coarse row on the
     grid and its remainder, scaled up to the grid's span and put on it too: 7 bits each, about 13 together, and
     the two rows go through one GEMM, which reads the weights once either way. A row's result is the same
     alone or in any batch, since nothing in it depends on the other rows."""
-    if x.device.type != "cpu":
-        raise ValueError(f"int8 weights run on the CPU only, got activations on {x.device}")
     rows = x.reshape(-1, x.shape[-1]).to(torch.float32)
     count, width = rows.shape
     # Grid units: each row times _GRID * _TOP / its largest magnitude, in [-63, 63].
@@ -79,7 +120,7 @@ def linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None) -> to
     coarse = torch.round(units)
     fine = torch.round((units - coarse).mul_(_FINE))  # |units - coarse| <= 1/2, so fine is in [-63, 63] too
     grid = torch.cat([coarse, fine, _anchor(width)]).mul_(1 / _GRID)
-    both = torch.ops.quantized.linear_dynamic(grid, weight.packed, True)
+    both = torch.ops.quantized.linear_dynamic(grid, weight.fbgemm, True)
     out = torch.add(both[:count], both[count : 2 * count], alpha=1 / _FINE).mul_(per_unit * _GRID)
     if bias is not None:
         out = out + bias

@@ -1,10 +1,15 @@
-"""int8 weights on the CPU (kernels/int8_linear.py): per-row quantization, fbgemm's product against the
-dequantized weight, each row's result independent of its batch, and the inputs refused."""
+"""int8 weights on the CPU (kernels/int8_linear.py): per-row quantization; the product against the dequantized
+weight in float64, through the C kernel (decode batches) and past it (prefill), bfloat16 and float32 rows; fbgemm's
+path under KVFERRY_KERNELS=torch; each row's result independent of its batch; the inputs refused. The C kernel
+itself, shape by shape, thread counts and its plain C variant: tests/unit/test_cpu_gemv.py."""
 
 import pytest
 import torch
 
-from kvferry.kernels.int8_linear import INT8_MAX, linear, quantize_int8
+from kvferry.kernels import dispatch
+from kvferry.kernels.int8_linear import C_KERNEL_MAX_ROWS, INT8_MAX, linear, quantize_int8
+
+SIDES = ["auto", "torch"]  # KVFERRY_KERNELS: the C kernel, fbgemm
 
 
 def _weight(rows: int, cols: int, seed: int) -> torch.Tensor:
@@ -14,7 +19,7 @@ def _weight(rows: int, cols: int, seed: int) -> torch.Tensor:
 
 
 def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.float() - want).norm() / want.norm())
+    return float((got.double() - want).norm() / want.norm())
 
 
 def test_each_row_keeps_within_half_a_step_of_its_own_scale():
@@ -26,23 +31,32 @@ def test_each_row_keeps_within_half_a_step_of_its_own_scale():
     assert torch.all(error > 0)  # it did quantize
 
 
-def test_the_product_is_the_dequantized_weight_s_to_the_activations_rounding():
-    """About 13 bits per activation (two 7-bit rows) over each row's own span: the product sits far nearer the
-    dequantized weight's than the weights' own rounding (about 1%) does, even in the row whose one outlier
-    channel, 80 times the rest, sets the span (0.16% there, 0.01% in the others)."""
-    weight = quantize_int8(_weight(96, 576, seed=2))
-    x = torch.randn(5, 576, generator=torch.Generator().manual_seed(3))
-    x[1] *= 1000  # a row with large values and one with an outlier channel
-    x[2, 17] = 80.0
-    want = x @ weight.dequantize(torch.float32).T
-    got = linear(x, weight, None)
-    assert got.dtype == torch.float32 and got.shape == (5, 96)
-    for row in range(5):
-        assert _relative_error(got[row], want[row]) < 3e-3, row
-    assert _relative_error(got, x @ _weight(96, 576, seed=2).T) > 3e-3  # what the weights' rounding costs
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 16, C_KERNEL_MAX_ROWS, C_KERNEL_MAX_ROWS + 1])
+def test_the_product_is_the_dequantized_weight_s_to_float32_or_bfloat16_rounding(rows, dtype):
+    """The activations are not quantized: the product sits within float32's rounding of the dequantized
+    weight's (bfloat16: and the output's, 2^-9), far nearer than the weights' own rounding (about 1%) puts it
+    to the unquantized weight's. Past the C kernel the weight is dequantized to x's dtype, bfloat16's rounding
+    of it part of the reference there."""
+    generator = torch.Generator().manual_seed(3)
+    weight, bias = _weight(97, 579, seed=2), torch.randn(97, generator=generator).to(dtype)
+    quantized = quantize_int8(weight)
+    x = torch.randn(rows, 579, generator=generator).to(dtype)
+    x[0] *= 1000  # a row with large values and one with an outlier channel
+    x[-1, 17] = 80.0
+    dequantized = quantized.dequantize(torch.float64 if rows <= C_KERNEL_MAX_ROWS else dtype)
+    want = x.double() @ dequantized.double().T + bias.double()
+    got = linear(x, quantized, bias)
+    assert got.dtype == dtype and got.shape == (rows, 97)
+    tolerance = 1e-6 if dtype == torch.float32 else 2**-8
+    for row in {0, rows // 2, rows - 1}:
+        assert _relative_error(got[row], want[row]) < tolerance, row
+    assert _relative_error(got, x.double() @ weight.double().T + bias.double()) > 3e-3  # the weights' rounding
 
 
-def test_a_row_gets_the_same_result_alone_and_in_any_batch():
+@pytest.mark.parametrize("side", SIDES)
+def test_a_row_gets_the_same_result_alone_and_in_any_batch(side, monkeypatch):
+    monkeypatch.setenv(dispatch.BACKEND_VARIABLE, side)
     weight = quantize_int8(_weight(64, 256, seed=4))
     x = torch.randn(9, 256, generator=torch.Generator().manual_seed(5))
     x[4] *= 1e4  # a neighbour with a range far wider than the others'
@@ -52,14 +66,35 @@ def test_a_row_gets_the_same_result_alone_and_in_any_batch():
     assert torch.equal(linear(x[[3, 0]], weight, None), batched[[3, 0]])
 
 
-def test_bias_leading_dimensions_and_dtype_are_kept():
+def test_kvferry_kernels_torch_takes_fbgemm_s_path_with_its_13_bit_activations(monkeypatch):
+    """fbgemm rounds the activations to about 13 bits over each row's span: near the dequantized weight's product
+    even in the row whose one outlier channel, 80 times the rest, sets the span. Its packed copy is made on
+    the first such call only."""
+    weight = quantize_int8(_weight(96, 576, seed=2))
+    x = torch.randn(5, 576, generator=torch.Generator().manual_seed(3))
+    x[1] *= 1000
+    x[2, 17] = 80.0
+    want = x.double() @ weight.dequantize(torch.float64).T
+    linear(x, weight, None)
+    assert "fbgemm" not in vars(weight)  # the C kernel's calls leave it unmade
+    monkeypatch.setenv(dispatch.BACKEND_VARIABLE, "torch")
+    got = linear(x, weight, None)
+    assert "fbgemm" in vars(weight)
+    for row in range(5):
+        assert 1e-5 < _relative_error(got[row], want[row]) < 3e-3, row  # rounded, but not far
+
+
+@pytest.mark.parametrize("side", SIDES)
+def test_bias_leading_dimensions_and_dtype_are_kept(side, monkeypatch):
+    monkeypatch.setenv(dispatch.BACKEND_VARIABLE, side)
     weight = quantize_int8(_weight(32, 64, seed=6))
-    bias = torch.randn(32)
-    x = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
-    got = linear(x, weight, bias)
-    assert got.dtype == torch.bfloat16 and got.shape == (2, 3, 32)
-    want = x.float() @ weight.dequantize(torch.float32).T + bias
-    assert _relative_error(got, want) < 1e-2  # bf16's rounding of the output
+    bias = torch.randn(32, generator=torch.Generator().manual_seed(8))
+    for dtype in (torch.bfloat16, torch.float16):  # float16: computed in float32
+        x = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(7)).to(dtype)
+        got = linear(x, weight, bias.to(dtype))
+        assert got.dtype == dtype and got.shape == (2, 3, 32)
+        want = x.double() @ weight.dequantize(torch.float64).T + bias.to(dtype).double()
+        assert _relative_error(got, want) < 1e-2  # the output's rounding (and fbgemm's activations')
 
 
 def test_zeros_stay_zeros():
