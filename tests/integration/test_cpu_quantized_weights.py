@@ -59,7 +59,7 @@ def test_the_real_model_quantized_picks_float32_s_next_token(smollm2, smollm2_re
     - int8, float32 activations: 95.3% on the C kernel, whose activations are not quantized (as much as fbgemm
       with the activations in two 7-bit rows reached with the LM head left in float32; fbgemm, still run
       with KVFERRY_KERNELS=torch, 94.9% before the scales became float32, 95.3% since; 80.5% with fbgemm's own
-      7-bit activations over each row's span). bfloat16 activations: 95.3% (fbgemm 94.1%). Free-running,
+      7-bit activations over each row's span). bfloat16 activations: 95.7% (fbgemm 94.1%). Free-running,
       int8 repeats float32's first 8 tokens on 4 of the 8 prompts (bfloat16 activations: 5).
     - int4, bfloat16 activations: 96.1%, and 97.3% for bfloat16 without int4 (96.5% and 97.7% with
       KVFERRY_KERNELS=torch, without the C kernels of kernels/cpu_bf16.py: one position each). The served
