@@ -11,7 +11,7 @@ from kvferry.engine.devices import resolve_device
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # Weight formats a 16/32-bit checkpoint can be quantized to at load (engine/weights.py QUANTIZERS).
 QUANTIZATIONS = ("fp8", "int8", "int4")
-# Those computed by CPU kernels alone (fbgemm, torch's CPU int4 matmul).
+# Those computed by CPU kernels alone (kvferry's C linear kernel, torch's CPU int4 matmul).
 CPU_QUANTIZATIONS = ("int8", "int4")
 
 
@@ -20,8 +20,8 @@ class EngineArgs:
     dtype: str = "auto"  # "auto": the checkpoint's dtype on CUDA, float32 on the CPU
     # "fp8": linear layers in FP8 e4m3 with per-channel scales, quantized at load from a 16/32-bit checkpoint
     # (an FP8 checkpoint is read as FP8 either way). Activations and the KV cache keep `dtype`.
-    # "int8" (CPU only): linear layers and the LM head in int8 with per-channel scales, multiplied by
-    # fbgemm against activations quantized per row (kernels/int8_linear.py).
+    # "int8" (CPU only): linear layers and the LM head in int8 with per-channel scales, widened to float32 in
+    # registers by kvferry's C kernel against the activations as they are (kernels/int8_linear.py).
     # "int4" (CPU only): linear layers (not the LM head) in 4 bits, a scale and a zero per 32 weights of a row
     # (Q4_1's layout), multiplied in bfloat16 (kernels/int4_linear.py); fastest with dtype "bfloat16".
     quantization: str | None = None

@@ -34,10 +34,10 @@ def test_at_load_every_linear_is_quantized_and_the_kv_identity_changes(tiny_mode
 
 @pytest.mark.parametrize("quantization", ["int8", "int4"])
 def test_greedy_tokens_are_the_same_alone_and_batched(tiny_models, quantization):
-    """fbgemm quantizes each call's activations with one range; kernels/int8_linear.py fixes that range, so a
-    sequence's tokens do not depend on the others in its batch. int4's product depends on its row alone (its
-    activations rounded to bfloat16 and back here, in a float32 engine whose other kernels are
-    batch-invariant too)."""
+    """int8's C kernel (kernels/int8_linear.py) computes each output row from its own activation row alone, the
+    same bits at any row count in float32, so a sequence's tokens do not depend on the others in its batch.
+    int4's product depends on its row alone too (its activations rounded to bfloat16 and back here, in a
+    float32 engine whose other kernels are batch-invariant too)."""
     llm = LLM(tiny_models["llama"], dtype="float32", quantization=quantization)
     batched = engine_greedy(llm, PROMPTS, 16)
     assert [engine_greedy(llm, [prompt], 16)[0] for prompt in PROMPTS] == batched
