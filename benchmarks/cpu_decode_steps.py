@@ -1,4 +1,5 @@
-"""CPU time of one decode step for batches of 1-8 sequences: oneDNN's prepacked linear against F.linear.
+"""CPU time of one decode step for batches of 1-8 sequences: the prepacked linear path (kvferry's C kernel, or
+oneDNN's under KVFERRY_KERNELS=torch; kernels/cpu_linear.py) against F.linear.
 
 The `small` checkpoint (`--model smollm2`: the real default model), float32, one torch thread (`--threads`),
 512-token prompts, 16 decode steps per batch; the two
