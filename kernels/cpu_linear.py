@@ -21,8 +21,7 @@ from typing import TypeVar
 
 import torch
 
-# dispatch imports this module, and this one reads dispatch's `side` at call time only: either may load first.
-from kvferry.kernels import cpu_gemv, dispatch
+from kvferry.kernels import cpu_gemv
 
 # Up to this many rows the packed kernels were faster on one core; at 2048 rows MKL's GEMM was.
 PACKED_MAX_ROWS = 256
@@ -68,9 +67,10 @@ def _packed(weight: torch.Tensor, copies: dict[int, Packed], pack: Callable[[tor
     return packed
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ weight.T (+ bias) with the weight's packed copy, packing it on first use (see `applies`)."""
-    if x.dtype in cpu_gemv.DTYPES and dispatch.side(x) == "native":
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, native: bool) -> torch.Tensor:
+    """x @ weight.T (+ bias) with the weight's packed copy, packing it on first use (see `applies`): the C
+    kernel's where `native` (dispatch's choice), else oneDNN's."""
+    if native and x.dtype in cpu_gemv.DTYPES:
         packed = _packed(weight, _packed_weights, cpu_gemv.pack)
         return cpu_gemv.linear(x.contiguous(), packed, bias, torch.get_num_threads())
     if x.dtype in ONEDNN_DTYPES:

@@ -58,11 +58,11 @@ def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = No
     if isinstance(weight, Fp8Weight):
         return fp8_linear.linear(x, weight, bias, use_triton(x))
     if isinstance(weight, Int8Weight):
-        return int8_linear.linear(x, weight, bias)
+        return int8_linear.linear(x, weight, bias, side(x) == "native")
     if isinstance(weight, Int4Weight):
         return int4_linear.linear(x, weight, bias)
     if cpu_linear.applies(x, weight):
-        return cpu_linear.linear(x, weight, bias)
+        return cpu_linear.linear(x, weight, bias, side(x) == "native")
     one_row = x.dim() == 2 and x.shape[0] == 1 and bias is None and x.dtype in (torch.bfloat16, torch.float16)
     if one_row and use_triton(x):
         from kvferry.kernels import triton_linear

@@ -77,16 +77,13 @@ def quantize_int8(weight: torch.Tensor) -> Int8Weight:
     return Int8Weight(packed=cpu_gemv.pack(values, scales), shape=weight.shape)
 
 
-def linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None, native: bool) -> torch.Tensor:
     """x [..., in_features] (any float type; bfloat16 and float32 as they are, others in float32) times the
-    int8 weight (+ bias), in x's dtype. A row's result depends on that row alone."""
+    int8 weight (+ bias), in x's dtype, by the C kernel (`native`, dispatch's choice) or fbgemm. A row's result
+    depends on that row alone."""
     if x.device.type != "cpu":
         raise ValueError(f"int8 weights run on the CPU only, got activations on {x.device}")
-    # Imported here: dispatch imports this module for Int8Weight, so an import at the top fails where this
-    # module loads first (0.3 us a call).
-    from kvferry.kernels import dispatch
-
-    if dispatch.side(x) == "torch":
+    if not native:
         return _fbgemm_linear(x, weight, bias)
     rows = x.reshape(-1, x.shape[-1])
     if rows.dtype not in cpu_gemv.DTYPES:

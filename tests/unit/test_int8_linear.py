@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kvferry.kernels import dispatch
-from kvferry.kernels.int8_linear import BF16_C_KERNEL_MAX_ROWS, INT8_MAX, linear, quantize_int8
+from kvferry.kernels.int8_linear import BF16_C_KERNEL_MAX_ROWS, INT8_MAX, quantize_int8
 
 SIDES = ["auto", "torch"]  # KVFERRY_KERNELS: the C kernel, fbgemm
 
@@ -47,7 +47,7 @@ def test_the_product_is_the_dequantized_weight_s_to_float32_or_bfloat16_rounding
     past_the_kernel = dtype == torch.bfloat16 and rows > BF16_C_KERNEL_MAX_ROWS
     dequantized = quantized.dequantize(torch.bfloat16 if past_the_kernel else torch.float64)
     want = x.double() @ dequantized.double().T + bias.double()
-    got = linear(x, quantized, bias)
+    got = dispatch.linear(x, quantized, bias)
     assert got.dtype == dtype and got.shape == (rows, 97)
     tolerance = 1e-5 if dtype == torch.float32 else 2**-8
     for row in {0, rows // 2, rows - 1}:
@@ -61,10 +61,10 @@ def test_a_row_gets_the_same_result_alone_and_in_any_batch(side, monkeypatch):
     weight = quantize_int8(_weight(64, 256, seed=4))
     x = torch.randn(9, 256, generator=torch.Generator().manual_seed(5))
     x[4] *= 1e4  # a neighbour with a range far wider than the others'
-    batched = linear(x, weight, None)
+    batched = dispatch.linear(x, weight, None)
     for row in range(9):
-        assert torch.equal(linear(x[row : row + 1], weight, None), batched[row : row + 1]), row
-    assert torch.equal(linear(x[[3, 0]], weight, None), batched[[3, 0]])
+        assert torch.equal(dispatch.linear(x[row : row + 1], weight, None), batched[row : row + 1]), row
+    assert torch.equal(dispatch.linear(x[[3, 0]], weight, None), batched[[3, 0]])
 
 
 def test_kvferry_kernels_torch_takes_fbgemm_s_path_with_its_13_bit_activations(monkeypatch):
@@ -76,10 +76,10 @@ def test_kvferry_kernels_torch_takes_fbgemm_s_path_with_its_13_bit_activations(m
     x[1] *= 1000
     x[2, 17] = 80.0
     want = x.double() @ weight.dequantize(torch.float64).T
-    linear(x, weight, None)
+    dispatch.linear(x, weight, None)
     assert "fbgemm" not in vars(weight)  # the C kernel's calls leave it unmade
     monkeypatch.setenv(dispatch.BACKEND_VARIABLE, "torch")
-    got = linear(x, weight, None)
+    got = dispatch.linear(x, weight, None)
     assert "fbgemm" in vars(weight)
     for row in range(5):
         assert 1e-5 < _relative_error(got[row], want[row]) < 3e-3, row  # rounded, but not far
@@ -92,7 +92,7 @@ def test_bias_leading_dimensions_and_dtype_are_kept(side, monkeypatch):
     bias = torch.randn(32, generator=torch.Generator().manual_seed(8))
     for dtype in (torch.bfloat16, torch.float16):  # float16: computed in float32
         x = torch.randn(2, 3, 64, generator=torch.Generator().manual_seed(7)).to(dtype)
-        got = linear(x, weight, bias.to(dtype))
+        got = dispatch.linear(x, weight, bias.to(dtype))
         assert got.dtype == dtype and got.shape == (2, 3, 32)
         want = x.double() @ weight.dequantize(torch.float64).T + bias.to(dtype).double()
         assert _relative_error(got, want) < 1e-2  # the output's rounding (and fbgemm's activations')
@@ -103,7 +103,7 @@ def test_zeros_stay_zeros():
     weight[3] = 0.0
     quantized = quantize_int8(weight)
     assert torch.equal(quantized.dequantize(torch.float32)[3], torch.zeros(32))
-    assert torch.equal(linear(torch.zeros(2, 32), quantized, None), torch.zeros(2, 8))
+    assert torch.equal(dispatch.linear(torch.zeros(2, 32), quantized, None), torch.zeros(2, 8))
 
 
 def test_what_int8_cannot_take_is_refused():
@@ -111,4 +111,4 @@ def test_what_int8_cannot_take_is_refused():
         quantize_int8(torch.randn(4, 4, 4))
     if torch.cuda.is_available():
         with pytest.raises(ValueError, match="CPU only"):
-            linear(torch.randn(1, 32, device="cuda"), quantize_int8(_weight(8, 32, seed=9)), None)
+            dispatch.linear(torch.randn(1, 32, device="cuda"), quantize_int8(_weight(8, 32, seed=9)), None)
