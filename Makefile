@@ -26,7 +26,7 @@ $(UV):
 # PYTHONDONTWRITEBYTECODE (this machine's does), every process otherwise compiled every module it
 # imported, holding the GIL. A decode node's first stream compiled anyio's backend for 0.35 s while a
 # prefill node's KV write waited on its transfer thread, and ran past the e2e tier's 1 s transfer timeout.
-$(STAMP): pyproject.toml uv.lock transfer/_ucp_batch.c kernels/_cpu_bf16.c kernels/_cpu_gemv.c kernels/_cpu_bf16_bits.h $(UV)
+$(STAMP): pyproject.toml uv.lock transfer/_ucp_batch.c kernels/_cpu_decode.c kernels/_cpu_decode_kernels.h kernels/_cpu_gemv.c kernels/_cpu_bf16_bits.h $(UV)
 	$(UV) sync --locked --python $(PYTHON) --extra test --extra dev --compile-bytecode
 	$(BIN)/python -m compileall -q -x '/(\.venv|\.git|build)/' . >/dev/null
 	touch $(STAMP)

@@ -29,8 +29,8 @@ groups of 32 as the Q4_1 file has them, the LM head in int8 as its Q8_0) beside 
 with the same agreement on that file: kvferry int4, and kvferry float32 (the file dequantized exactly).
 
 float32, bfloat16 and int4 run twice: with kvferry's C kernels (the default: the linear layers of decode
-batches in kernels/cpu_gemv.py, for float32 and bfloat16; bfloat16's other decode-step kernels in
-kernels/cpu_bf16.py) and with `KVFERRY_KERNELS=torch` ("torch kernels"): oneDNN's prepacked linear layers
+batches in kernels/cpu_gemv.py, for float32 and bfloat16; their other decode-step kernels in
+kernels/cpu_decode.py) and with `KVFERRY_KERNELS=torch` ("torch kernels"): oneDNN's prepacked linear layers
 (kernels/cpu_linear.py) and the torch ops the others replace.
 
 llama-cpp-python is not a dependency of kvferry: `make bench-llama-cpp` builds it from source (about ten

@@ -1,5 +1,5 @@
 """One entry point per kernel: Triton on CUDA tensors, the torch reference everywhere else, but for the
-bfloat16 decode step's kernels on the CPU, each one C call (kernels/cpu_bf16.py).
+float32 and bfloat16 decode step's kernels on the CPU, each one C call (kernels/cpu_decode.py).
 
 `KVFERRY_KERNELS` forces a side: `triton` (also on CPU tensors, which then needs `TRITON_INTERPRET=1`),
 `torch` (the reference, also on CUDA and in place of the C kernels), or `auto`, the default. It is read on
@@ -21,7 +21,7 @@ import os
 import torch
 import torch.nn.functional as F
 
-from kvferry.kernels import cpu_bf16, cpu_linear, fp8_linear, int4_linear, int8_linear, reference
+from kvferry.kernels import cpu_decode, cpu_linear, fp8_linear, int4_linear, int8_linear, reference
 from kvferry.kernels.fp8_weight import Fp8Weight
 from kvferry.kernels.int4_linear import Int4Weight
 from kvferry.kernels.int8_linear import Int8Weight
@@ -79,8 +79,8 @@ def rms_norm(
         from kvferry.kernels import triton_norm
 
         return triton_norm.rms_norm(x, weight, eps, residual)
-    if where == "native" and cpu_bf16.norm_applies(x, weight, residual):
-        return cpu_bf16.rms_norm(x, weight, eps, residual)
+    if where == "native" and cpu_decode.norm_applies(x, weight, residual):
+        return cpu_decode.rms_norm(x, weight, eps, residual)
     return reference.rms_norm(x, weight, eps, residual)
 
 
@@ -119,8 +119,8 @@ def apply_rope_and_store_kv(
         from kvferry.kernels import triton_rope
 
         return triton_rope.apply_rope_and_store_kv(*args)
-    if where == "native" and cpu_bf16.rope_applies(q, k, v, key_cache):
-        return cpu_bf16.apply_rope_and_store_kv(*args)
+    if where == "native" and cpu_decode.rope_applies(q, k, v, key_cache):
+        return cpu_decode.apply_rope_and_store_kv(*args)
     return reference.apply_rope_and_store_kv(*args)
 
 
@@ -130,8 +130,8 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
         from kvferry.kernels import triton_activation
 
         return triton_activation.silu_and_mul(gate_up)
-    if where == "native" and gate_up.dtype == torch.bfloat16:
-        return cpu_bf16.silu_and_mul(gate_up)
+    if where == "native" and cpu_decode.silu_applies(gate_up):
+        return cpu_decode.silu_and_mul(gate_up)
     return reference.silu_and_mul(gate_up)
 
 
@@ -165,8 +165,8 @@ def paged_decode_attention(
         return triton_decode_attention.paged_decode_attention(
             query, key_cache, value_cache, block_tables, context_lens, scale
         )
-    if where == "native" and cpu_bf16.attention_applies(query, key_cache):
-        return cpu_bf16.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
+    if where == "native" and cpu_decode.attention_applies(query, key_cache):
+        return cpu_decode.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
     return reference.paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale)
 
 

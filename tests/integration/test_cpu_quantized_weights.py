@@ -62,7 +62,7 @@ def test_the_real_model_quantized_picks_float32_s_next_token(smollm2, smollm2_re
       7-bit activations over each row's span). bfloat16 activations: 95.7% (fbgemm 94.1%). Free-running,
       int8 repeats float32's first 8 tokens on 4 of the 8 prompts (bfloat16 activations: 5).
     - int4, bfloat16 activations: 96.1%, and 97.3% for bfloat16 without int4 (96.5% and 97.7% with
-      KVFERRY_KERNELS=torch, without the C kernels of kernels/cpu_bf16.py: one position each). The served
+      KVFERRY_KERNELS=torch, without the C kernels of kernels/cpu_decode.py: one position each). The served
       model imports a GGUF whose linear layers are Q4_1, groups of 32 that int4 takes back nearly as they were
       (scales in bfloat16 where Q4_1 has float16), with the LM head (Q8_0 in the file, tied to the
       embeddings) in int8: on the torch kernels 96.5%, as with it in bfloat16; in int4 too, 87.1%.
