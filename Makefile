@@ -53,21 +53,26 @@ cluster-binaries:
 image: venv system-packages
 	bash image/build.sh
 
-# llama-cpp-python for benchmarks/cpu_real_model.py, built from source (about 10 minutes on two cores). Not
-# in uv.lock: no test needs it, and locking it would build it to read its metadata; the next `uv sync`
-# (a changed lock) removes it again.
+# llama-cpp-python for benchmarks/cpu_real_model.py, built from source once (about 10 minutes on two cores)
+# into a wheel kept in the cache, keyed by its version and build flags; later runs install that wheel. Not in
+# uv.lock: no test needs it, and locking it would build it to read its metadata; the next `uv sync` (a
+# changed lock, a changed C kernel) removes it from the venv, and this target puts it back in seconds.
 # Built for x86-64 with AVX2, and AVX-512 (with VNNI and BF16) where /proc/cpuinfo lists it, but never with
 # AMX: a machine may list amx_* and still fault on its tile instructions (a VM without the tile state:
 # ggml's quantized matmuls, built with -march=native, died of SIGILL at `tilezero` here), and ggml uses them
-# without asking the kernel first. --no-cache: a wheel built with other flags must not be reused.
+# without asking the kernel first. A wheel built with other flags is never reused: they are in its folder's name.
 cpu_has = $(shell grep -qw $(1) /proc/cpuinfo && echo ON || echo OFF)
 LLAMA_CPP_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON \
   -DGGML_AVX512=$(call cpu_has,avx512f) -DGGML_AVX512_VBMI=$(call cpu_has,avx512vbmi) \
   -DGGML_AVX512_VNNI=$(call cpu_has,avx512_vnni) -DGGML_AVX512_BF16=$(call cpu_has,avx512_bf16)
 LLAMA_CPP_PYTHON := 0.3.36
-bench-llama-cpp: venv
-	CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" $(UV) pip install --no-cache --reinstall-package llama-cpp-python \
-	  --python $(BIN)/python llama-cpp-python==$(LLAMA_CPP_PYTHON) sentencepiece  # the convert script imports it
+LLAMA_CPP_WHEELS := $(CACHE)/llama-cpp-python-$(LLAMA_CPP_PYTHON)-$(shell echo '$(LLAMA_CPP_CMAKE_ARGS)' | sha256sum | cut -c1-12)
+bench-llama-cpp: venv $(UV)
+	ls $(LLAMA_CPP_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" \
+	  $(UV_HOME)/bin/python -m pip wheel --quiet --no-deps --no-cache-dir --no-binary llama-cpp-python \
+	  --wheel-dir $(LLAMA_CPP_WHEELS) llama-cpp-python==$(LLAMA_CPP_PYTHON)
+	$(UV) pip install --python $(BIN)/python --reinstall-package llama-cpp-python \
+	  $(LLAMA_CPP_WHEELS)/llama_cpp_python-*.whl sentencepiece  # the convert script imports it
 
 lint: venv
 	$(BIN)/ruff check .
