@@ -51,7 +51,6 @@ class CausalLM:
         self.cos_sin = cos_sin_cache(config.rope, config.head_dim, max_positions).to(device)
         self.scale = config.head_dim**-0.5
         self.q_size = config.num_heads * config.head_dim
-        self.kv_size = config.num_kv_heads * config.head_dim
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, pool: KVPool
@@ -81,10 +80,10 @@ class CausalLM:
     ) -> torch.Tensor:
         cfg = self.config
         qkv = kernels.linear(x, layer.qkv, layer.qkv_bias)
-        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
-        q = q.view(-1, cfg.num_heads, cfg.head_dim)
-        k = k.view(-1, cfg.num_kv_heads, cfg.head_dim)
-        v = v.view(-1, cfg.num_kv_heads, cfg.head_dim)
+        # One view and one split: q, k, v [tokens, heads, dim] (a split and three views cost twice as long, a
+        # fixed few microseconds a layer on the CPU)
+        heads = qkv.view(-1, cfg.num_heads + 2 * cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = heads.split((cfg.num_heads, cfg.num_kv_heads, cfg.num_kv_heads), dim=1)
         if cfg.qk_norm:
             q = kernels.head_rms_norm(q, layer.q_norm, cfg.rms_norm_eps)
             k = kernels.head_rms_norm(k, layer.k_norm, cfg.rms_norm_eps)
