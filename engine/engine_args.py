@@ -20,8 +20,8 @@ class EngineArgs:
     dtype: str = "auto"  # "auto": the checkpoint's dtype on CUDA, float32 on the CPU
     # "fp8": linear layers in FP8 e4m3 with per-channel scales, quantized at load from a 16/32-bit checkpoint
     # (an FP8 checkpoint is read as FP8 either way). Activations and the KV cache keep `dtype`.
-    # "int8" (CPU only): linear layers and the LM head in int8 with per-channel scales, widened to float32 in
-    # registers by kvferry's C kernel against the activations as they are (kernels/int8_linear.py).
+    # "int8" (CPU only): linear layers and the LM head in int8 with per-channel scales, multiplied by kvferry's
+    # C kernel against the activations quantized to int8 in blocks of 32, as llama.cpp's Q8_0 (kernels/int8_linear.py).
     # "int4" (CPU only): linear layers (not the LM head) in 4 bits, a scale and a zero per 32 weights of a row
     # (Q4_1's layout), multiplied in bfloat16 (kernels/int4_linear.py); fastest with dtype "bfloat16".
     quantization: str | None = None

@@ -4,10 +4,13 @@ reading each weight byte once from memory at close to its bandwidth on every cor
 header: loaded with ctypes (kernels/cpu_gemv.py).
 
 Weights are packed once (cpu_gemv.py) into tiles of TILE outputs: bfloat16 as [tiles][ceil(K/2)][TILE][2],
-each k pair of a tile's outputs side by side, as AVX-512 BF16's dot product of pairs takes them; float32 and
-int8 as [tiles][K][TILE]. A tile is one contiguous stream; the rows' accumulators of a tile (ROW_BLOCK rows of TILE
-float32 lanes) stay in registers while it streams, the rows' inputs broadcast from memory; more rows than
-ROW_BLOCK go through the tile again, from the core's L2 cache. Zero padding past N and K (odd K) adds nothing.
+each k pair of a tile's outputs side by side, as AVX-512 BF16's dot product of pairs takes them; float32 as
+[tiles][K][TILE]; int8 as [tiles][K'/4][TILE][4] with K' = K rounded up to QUANT_BLOCK, each k quad side by
+side as AVX-512 VNNI's byte dot product takes them, and stored as unsigned bytes, value + 128 (the instruction
+multiplies unsigned bytes by signed ones). A tile is one contiguous stream; the rows' accumulators of a tile
+(ROW_BLOCK rows of TILE lanes) stay in registers while it streams, the rows' inputs broadcast from memory;
+more rows than ROW_BLOCK go through the tile again, from the core's L2 cache. Zero padding past N and K adds
+nothing.
 
 Threads: the tiles are split evenly between the threads of an OpenMP parallel region (32 outputs a tile so
 that SmolLM2's 576 outputs make 18 tiles, even on two threads; tiles of 64 left one thread a ninth more). torch's wheels load
@@ -16,13 +19,15 @@ one: the region runs on torch's own worker threads, which spin a while after eac
 (and each of these calls), so there is no second pool to oversubscribe the cores and a call costs a couple
 of microseconds of fork and join.
 
-Arithmetic: each output a float32 sum of its K products in k order (bfloat16: a pair's two products at a
-time, exact in float32), times the output's scale (int8), the bias added, bfloat16 outputs rounded to nearest
-even as torch rounds. int8 weights are widened to float32 in registers and the rows are not quantized: each
-product is float32's of the row's value (bfloat16 rows widened exactly, once a call) and the integer weight. A row's
-outputs depend on that row alone: the same bits in any batch and on any thread count. AVX-512 BF16's dot
-product treats subnormal inputs and sums as zero (Intel's definition of the instruction), far below any
-weight or activation of a model.
+Arithmetic: bfloat16 and float32, each output a float32 sum of its K products in k order (bfloat16: a pair's
+two products at a time, exact in float32), the bias added, bfloat16 outputs rounded to nearest even as torch
+rounds. int8, as llama.cpp multiplies its Q8_0 weights: each row's activations are quantized once a call in
+blocks of QUANT_BLOCK, to int8 values (round to nearest even) on the block's own scale (its largest magnitude
+/ 127); a block's products are an exact integer sum, which times the block's scale is added into the output's
+float32 sum in block order, and that sum times the output's scale, plus the bias, is the output. A row's outputs
+depend on that row alone: the same bits in any batch and on any thread count. AVX-512 BF16's dot product
+treats subnormal inputs and sums as zero (Intel's definition of the instruction), far below any weight or
+activation of a model.
 */
 #include <immintrin.h>
 #include <omp.h>
@@ -34,17 +39,29 @@ weight or activation of a model.
 
 #define TILE 32
 #define ROW_BLOCK 8
+#define QUANT_BLOCK 32  /* activations a scale, for int8 weights (llama.cpp's Q8_0 block) */
 #define BF16_TARGET "avx512f,avx512bw,avx512vl,avx512bf16"
+#define VNNI_TARGET "avx512f,avx512bw,avx512vnni"
 /* The vector kernels ask for the weights this many bytes ahead of their reads, into L2: a decode step is 121
 calls of 0.3-3.5 MB each, and at each call's start the hardware's prefetcher had not yet found the stream;
 121 bfloat16 calls of SmolLM2's shapes took 5-9% less time with it (4 KB; 1 KB into L1 was slower). */
 #define PREFETCH_AHEAD 4096
 
-/* One call's operands. x: [rows, k] packed (float32 for int8 weights); out: [rows, n] packed; bias: [n] or
-NULL; scales: int8 weights' [n] float32 scales, NULL for the others. */
+/* A call's rows quantized for int8 weights (see the top): per row, its padded_k int8 values, and per block
+its scale and 128 times its values' sum (what the weights' +128 adds to the block's integer sum). */
+struct quantized_rows {
+    int8_t *values;   /* [rows][padded_k], zeros past k */
+    float *scales;    /* [rows][blocks] */
+    int32_t *offsets; /* [rows][blocks] */
+    int64_t padded_k, blocks;
+};
+
+/* One call's operands. x: [rows, k] packed (NULL for int8 weights, whose rows are `quantized`); out: [rows, n]
+packed; bias: [n] or NULL; scales: int8 weights' [n] float32 scales, NULL for the others. */
 struct linear_call {
     const void *x, *packed, *bias;
     const float *scales;
+    const struct quantized_rows *quantized;
     void *out;
     int64_t rows, k, n;
 };
@@ -120,33 +137,16 @@ __attribute__((target(BF16_TARGET))) static void bf16_tile_avx512(const struct l
     WITH_CONSTANT_ROWS(rows, bf16_tile_avx512_rows, x, call->k, weights)
 }
 
-/* ---- float32 and int8 weights against float32 rows: AVX-512 ---- */
+/* ---- float32: AVX-512 ---- */
 
-/* A k step's TILE weights as two vectors of 16 float32: float32 weights loaded, int8 ones widened. */
-static inline __attribute__((always_inline, target("avx512f"))) void load_step(const void *weights, int int8,
-                                                                              int64_t i, __m512 *first,
-                                                                              __m512 *second) {
-    if (int8) {
-        const int8_t *step = (const int8_t *)weights + i * TILE;
-        *first = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)step)));
-        *second = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(step + 16))));
-    } else {
-        *first = _mm512_loadu_ps((const float *)weights + i * TILE);
-        *second = _mm512_loadu_ps((const float *)weights + i * TILE + 16);
-    }
-}
-
-static inline __attribute__((always_inline, target("avx512f"))) void float_tile_avx512_rows(
-    const float *x, int64_t k, const void *weights, const int int8, const int rows, float sums[ROW_BLOCK][TILE]) {
+static inline __attribute__((always_inline, target("avx512f"))) void f32_tile_avx512_rows(
+    const float *x, int64_t k, const float *weights, const int rows, float sums[ROW_BLOCK][TILE]) {
     __m512 low[ROW_BLOCK], high[ROW_BLOCK];
 #pragma GCC unroll 8
     for (int r = 0; r < rows; r++) low[r] = high[r] = _mm512_setzero_ps();
-    /* prefetch_ahead covers 128 bytes: one float32 step, four int8 ones */
-    const int64_t step_bytes = int8 ? TILE : TILE * (int64_t)sizeof(float), steps_a_prefetch = int8 ? 4 : 1;
     for (int64_t i = 0; i < k; i++) {
-        if (i % steps_a_prefetch == 0) prefetch_ahead((const char *)weights + i * step_bytes);
-        __m512 first, second;
-        load_step(weights, int8, i, &first, &second);
+        prefetch_ahead(weights + i * TILE);  /* a step's 128 bytes */
+        __m512 first = _mm512_loadu_ps(weights + i * TILE), second = _mm512_loadu_ps(weights + i * TILE + 16);
 #pragma GCC unroll 8
         for (int r = 0; r < rows; r++) {
             __m512 value = _mm512_set1_ps(x[r * k + i]);
@@ -161,24 +161,60 @@ static inline __attribute__((always_inline, target("avx512f"))) void float_tile_
     }
 }
 
-static inline __attribute__((always_inline, target("avx512f"))) void float_tile_avx512(
-    const struct linear_call *call, int64_t tile, int64_t first_row, int rows, float sums[ROW_BLOCK][TILE],
-    const int int8) {
-    const float *x = (const float *)call->x + first_row * call->k;
-    const char *weights = (const char *)call->packed + tile * call->k * TILE * (int8 ? 1 : (int64_t)sizeof(float));
-    WITH_CONSTANT_ROWS(rows, float_tile_avx512_rows, x, call->k, weights, int8)
-}
-
 __attribute__((target("avx512f"))) static void f32_tile_avx512(const struct linear_call *call, int64_t tile,
                                                               int64_t first_row, int rows,
                                                               float sums[ROW_BLOCK][TILE]) {
-    float_tile_avx512(call, tile, first_row, rows, sums, 0);
+    const float *x = (const float *)call->x + first_row * call->k;
+    const float *weights = (const float *)call->packed + tile * call->k * TILE;
+    WITH_CONSTANT_ROWS(rows, f32_tile_avx512_rows, x, call->k, weights)
 }
 
-__attribute__((target("avx512f"))) static void int8_tile_avx512(const struct linear_call *call, int64_t tile,
-                                                               int64_t first_row, int rows,
-                                                               float sums[ROW_BLOCK][TILE]) {
-    float_tile_avx512(call, tile, first_row, rows, sums, 1);
+/* ---- int8 weights against quantized rows: AVX-512 VNNI ---- */
+
+static inline __attribute__((always_inline, target(VNNI_TARGET))) void int8_tile_vnni_rows(
+    const struct quantized_rows *quantized, int64_t first_row, const uint8_t *weights, const int rows,
+    float sums[ROW_BLOCK][TILE]) {
+    int64_t padded_k = quantized->padded_k, blocks = quantized->blocks;
+    /* The float32 totals live in `sums` (L1), touched once a block: in registers beside the integer sums they
+    were 32 vectors for 8 rows, and spilled. */
+    memset(sums, 0, sizeof(float) * ROW_BLOCK * TILE);
+    for (int64_t b = 0; b < blocks; b++) {
+        __m512i low[ROW_BLOCK], high[ROW_BLOCK];
+#pragma GCC unroll 8
+        for (int r = 0; r < rows; r++) low[r] = high[r] = _mm512_setzero_si512();
+        const uint8_t *block = weights + b * QUANT_BLOCK * TILE;
+#pragma GCC unroll 8
+        for (int q = 0; q < QUANT_BLOCK / 4; q++) {  /* a quad step: 4 k of TILE outputs, 128 bytes */
+            prefetch_ahead(block + q * 4 * TILE);
+            __m512i first = _mm512_loadu_si512(block + q * 4 * TILE);
+            __m512i second = _mm512_loadu_si512(block + q * 4 * TILE + 64);
+#pragma GCC unroll 8
+            for (int r = 0; r < rows; r++) {
+                int32_t four;
+                memcpy(&four, quantized->values + (first_row + r) * padded_k + b * QUANT_BLOCK + q * 4, sizeof four);
+                __m512i values = _mm512_set1_epi32(four);
+                low[r] = _mm512_dpbusd_epi32(low[r], first, values);
+                high[r] = _mm512_dpbusd_epi32(high[r], second, values);
+            }
+        }
+#pragma GCC unroll 8
+        for (int r = 0; r < rows; r++) {
+            int64_t at = (first_row + r) * blocks + b;
+            __m512i offset = _mm512_set1_epi32(quantized->offsets[at]);
+            __m512 scale = _mm512_set1_ps(quantized->scales[at]);
+            __m512 low_sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(low[r], offset));
+            __m512 high_sum = _mm512_cvtepi32_ps(_mm512_sub_epi32(high[r], offset));
+            _mm512_storeu_ps(sums[r], _mm512_fmadd_ps(low_sum, scale, _mm512_loadu_ps(sums[r])));
+            _mm512_storeu_ps(sums[r] + 16, _mm512_fmadd_ps(high_sum, scale, _mm512_loadu_ps(sums[r] + 16)));
+        }
+    }
+}
+
+__attribute__((target(VNNI_TARGET))) static void int8_tile_vnni(const struct linear_call *call, int64_t tile,
+                                                                int64_t first_row, int rows,
+                                                                float sums[ROW_BLOCK][TILE]) {
+    const uint8_t *weights = (const uint8_t *)call->packed + tile * call->quantized->padded_k * TILE;
+    WITH_CONSTANT_ROWS(rows, int8_tile_vnni_rows, call->quantized, first_row, weights)
 }
 
 /* ---- plain C, one row at a time (the compiler vectorizes the TILE lanes) ---- */
@@ -201,35 +237,86 @@ static void bf16_tile_portable(const struct linear_call *call, int64_t tile, int
     }
 }
 
-/* float32 and int8 weights (a constant `int8` once inlined) against float32 rows. */
-static inline __attribute__((always_inline)) void float_tile_portable(const struct linear_call *call, int64_t tile,
-                                                                      int64_t first_row, int rows,
-                                                                      float sums[ROW_BLOCK][TILE], int int8) {
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+static void f32_tile_portable(const struct linear_call *call, int64_t tile, int64_t first_row, int rows,
+                              float sums[ROW_BLOCK][TILE]) {
     int64_t k = call->k;
-    const float *float_weights = (const float *)call->packed + tile * k * TILE;
-    const int8_t *int8_weights = (const int8_t *)call->packed + tile * k * TILE;
+    const float *weights = (const float *)call->packed + tile * k * TILE;
     for (int r = 0; r < rows; r++) {
         const float *x = (const float *)call->x + (first_row + r) * k;
         float sum[TILE] = {0};
         for (int64_t i = 0; i < k; i++) {
 #pragma omp simd
-            for (int j = 0; j < TILE; j++)
-                sum[j] += x[i] * (int8 ? (float)int8_weights[i * TILE + j] : float_weights[i * TILE + j]);
+            for (int j = 0; j < TILE; j++) sum[j] += x[i] * weights[i * TILE + j];
         }
         memcpy(sums[r], sum, sizeof sum);
     }
 }
 
-__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-static void f32_tile_portable(const struct linear_call *call, int64_t tile, int64_t first_row, int rows,
-                              float sums[ROW_BLOCK][TILE]) {
-    float_tile_portable(call, tile, first_row, rows, sums, 0);
-}
-
+/* The VNNI kernel's arithmetic in plain C: integer sums a block, the same float32 steps in the same order. */
 __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 static void int8_tile_portable(const struct linear_call *call, int64_t tile, int64_t first_row, int rows,
                                float sums[ROW_BLOCK][TILE]) {
-    float_tile_portable(call, tile, first_row, rows, sums, 1);
+    const struct quantized_rows *quantized = call->quantized;
+    int64_t padded_k = quantized->padded_k, blocks = quantized->blocks;
+    const uint8_t *weights = (const uint8_t *)call->packed + tile * padded_k * TILE;
+    for (int r = 0; r < rows; r++) {
+        int64_t row = first_row + r;
+        const int8_t *values = quantized->values + row * padded_k;
+        float total[TILE] = {0};
+        for (int64_t b = 0; b < blocks; b++) {
+            int32_t dots[TILE] = {0};
+            for (int64_t i = b * QUANT_BLOCK; i < (b + 1) * QUANT_BLOCK; i++) {
+                const uint8_t *quad = weights + (i / 4) * 4 * TILE + i % 4;  /* output j's byte at quad[4 * j] */
+                int32_t value = values[i];
+#pragma omp simd
+                for (int j = 0; j < TILE; j++) dots[j] += (int32_t)quad[4 * j] * value;
+            }
+            int32_t offset = quantized->offsets[row * blocks + b];
+            float scale = quantized->scales[row * blocks + b];
+#pragma omp simd
+            for (int j = 0; j < TILE; j++) total[j] = __builtin_fmaf((float)(dots[j] - offset), scale, total[j]);
+        }
+        memcpy(sums[r], total, sizeof total);
+    }
+}
+
+/* Room for a call's rows quantized (see the top); 0 where there is none (nothing allocated). */
+static int allocate_quantized(int64_t rows, int64_t k, struct quantized_rows *quantized) {
+    int64_t blocks = (k + QUANT_BLOCK - 1) / QUANT_BLOCK, padded_k = blocks * QUANT_BLOCK;
+    int8_t *values = calloc((size_t)(rows * padded_k), 1);
+    float *scales = malloc(sizeof(float) * (size_t)(rows * blocks));
+    int32_t *offsets = malloc(sizeof(int32_t) * (size_t)(rows * blocks));
+    if (!values || !scales || !offsets) {
+        free(values), free(scales), free(offsets);
+        return 0;
+    }
+    *quantized = (struct quantized_rows){values, scales, offsets, padded_k, blocks};
+    return 1;
+}
+
+/* Row r of x [rows, k] (bfloat16 or float32) quantized block by block into `quantized` (see the top). */
+static void quantize_row(const void *x, int bf16, int64_t r, int64_t k, const struct quantized_rows *quantized) {
+    int64_t blocks = quantized->blocks, padded_k = quantized->padded_k;
+    for (int64_t b = 0; b < blocks; b++) {
+        float block[QUANT_BLOCK] = {0}, largest = 0.0f;
+        int64_t count = k - b * QUANT_BLOCK < QUANT_BLOCK ? k - b * QUANT_BLOCK : QUANT_BLOCK;
+        for (int64_t i = 0; i < count; i++) {
+            int64_t at = r * k + b * QUANT_BLOCK + i;
+            block[i] = bf16 ? bf16_to_float(((const uint16_t *)x)[at]) : ((const float *)x)[at];
+            float magnitude = block[i] < 0 ? -block[i] : block[i];
+            largest = magnitude > largest ? magnitude : largest;
+        }
+        float scale = largest / 127.0f, inverse = scale > 0.0f ? 1.0f / scale : 0.0f;
+        int32_t sum = 0;
+        for (int64_t i = 0; i < count; i++) {
+            int32_t value = (int32_t)__builtin_nearbyintf(block[i] * inverse);  /* ties to even */
+            quantized->values[r * padded_k + b * QUANT_BLOCK + i] = (int8_t)value;
+            sum += value;
+        }
+        quantized->scales[r * blocks + b] = scale;
+        quantized->offsets[r * blocks + b] = 128 * sum;
+    }
 }
 
 /* ---- the tiles of one thread's share, and the threads ---- */
@@ -273,14 +360,21 @@ static void run_tiles(const struct linear_call *call, tile_kernel *kernel, tile_
         }
 }
 
-static void run(const struct linear_call *call, tile_kernel *kernel, tile_store *store, int threads) {
+/* Rows to quantize (int8 weights) in the same parallel region, before its tiles. */
+struct quantize_job {
+    const void *x;
+    int bf16;
+};
+
+static void run(const struct linear_call *call, tile_kernel *kernel, tile_store *store, int threads,
+                const struct quantize_job *job) {
     int64_t tiles = (call->n + TILE - 1) / TILE;
-    if (threads <= 1 || tiles < 2) {
-        run_tiles(call, kernel, store, 0, tiles);
-        return;
-    }
-#pragma omp parallel num_threads(threads)
+#pragma omp parallel num_threads(threads) if (threads > 1 && tiles > 1)
     {
+        if (job) {  /* every thread or none: the rows split between them, then a barrier */
+#pragma omp for schedule(static)
+            for (int64_t r = 0; r < call->rows; r++) quantize_row(job->x, job->bf16, r, call->k, call->quantized);
+        }
         int64_t thread = omp_get_thread_num(), count = omp_get_num_threads();
         run_tiles(call, kernel, store, tiles * thread / count, tiles * (thread + 1) / count);
     }
@@ -288,13 +382,15 @@ static void run(const struct linear_call *call, tile_kernel *kernel, tile_store 
 
 /* ---- entry points ---- */
 
-/* Whether this CPU runs the kernel written for its vector instructions (AVX-512 BF16 for bfloat16, AVX-512
-for float32 and int8 weights), else the plain C one does. */
-int kvf_linear_has_vector_kernel(int bf16) {
+/* Whether this CPU runs the kernel written for its vector instructions for weights of `kind` (0 float32:
+AVX-512; 1 bfloat16: AVX-512 BF16; 2 int8: AVX-512 VNNI), else the plain C one does. */
+int kvf_linear_has_vector_kernel(int kind) {
     __builtin_cpu_init();
     if (!__builtin_cpu_supports("avx512f")) return 0;
-    return !bf16 || (__builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")
-                     && __builtin_cpu_supports("avx512vl"));
+    if (kind == 1)
+        return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw")
+               && __builtin_cpu_supports("avx512vl");
+    return kind != 2 || (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw"));
 }
 
 /* out = x @ W.T + bias in bfloat16, W packed (see the top); `portable` takes the plain C kernel (tests). */
@@ -302,8 +398,8 @@ void kvf_linear_bf16(const uint16_t *x, const uint16_t *packed, const uint16_t *
                      int64_t k, int64_t n, int threads, int portable) {
     static int vector = -1;
     if (vector < 0) vector = kvf_linear_has_vector_kernel(1);
-    struct linear_call call = {x, packed, bias, NULL, out, rows, k, n};
-    run(&call, vector && !portable ? bf16_tile_avx512 : bf16_tile_portable, bf16_store, threads);
+    struct linear_call call = {x, packed, bias, NULL, NULL, out, rows, k, n};
+    run(&call, vector && !portable ? bf16_tile_avx512 : bf16_tile_portable, bf16_store, threads, NULL);
 }
 
 /* out = x @ W.T + bias in float32, W packed (see the top); `portable` as above. */
@@ -311,25 +407,23 @@ void kvf_linear_f32(const float *x, const float *packed, const float *bias, floa
                     int64_t n, int threads, int portable) {
     static int vector = -1;
     if (vector < 0) vector = kvf_linear_has_vector_kernel(0);
-    struct linear_call call = {x, packed, bias, NULL, out, rows, k, n};
-    run(&call, vector && !portable ? f32_tile_avx512 : f32_tile_portable, f32_store, threads);
+    struct linear_call call = {x, packed, bias, NULL, NULL, out, rows, k, n};
+    run(&call, vector && !portable ? f32_tile_avx512 : f32_tile_portable, f32_store, threads, NULL);
 }
 
 /* out = (x @ Q.T) * scales + bias for int8 weights Q packed (see the top) with one float32 scale an output, x
-and out (and bias) bfloat16 (`bf16`) or float32; bfloat16 rows are widened to float32 once, into a buffer
-(rows * k floats) that the threads share. Returns 0, or -1 where that buffer cannot be had (nothing written). */
-int kvf_linear_int8(const void *x, const int8_t *packed, const float *scales, const void *bias, void *out,
+and out (and bias) bfloat16 (`bf16`) or float32; the rows are quantized once, by the threads that then run
+the tiles, into buffers they share. Returns 0, or -1 where those buffers cannot be had (nothing written). */
+int kvf_linear_int8(const void *x, const uint8_t *packed, const float *scales, const void *bias, void *out,
                     int64_t rows, int64_t k, int64_t n, int threads, int portable, int bf16) {
     static int vector = -1;
-    if (vector < 0) vector = kvf_linear_has_vector_kernel(0);
-    float *widened = NULL;
-    if (bf16) {
-        widened = malloc(sizeof(float) * rows * k);
-        if (!widened) return -1;
-        for (int64_t i = 0; i < rows * k; i++) widened[i] = bf16_to_float(((const uint16_t *)x)[i]);
-    }
-    struct linear_call call = {widened ? widened : x, packed, bias, scales, out, rows, k, n};
-    run(&call, vector && !portable ? int8_tile_avx512 : int8_tile_portable, bf16 ? bf16_store : f32_store, threads);
-    free(widened);
+    if (vector < 0) vector = kvf_linear_has_vector_kernel(2);
+    struct quantized_rows quantized;
+    if (!allocate_quantized(rows, k, &quantized)) return -1;
+    struct linear_call call = {NULL, packed, bias, scales, &quantized, out, rows, k, n};
+    struct quantize_job job = {x, bf16};
+    run(&call, vector && !portable ? int8_tile_vnni : int8_tile_portable, bf16 ? bf16_store : f32_store, threads,
+        &job);
+    free(quantized.values), free(quantized.scales), free(quantized.offsets);
     return 0;
 }

@@ -1,6 +1,7 @@
 """The CPU's decode-batch linear layers in C (kernels/_cpu_gemv.c): x @ W.T for a few rows of bfloat16 or
-float32, with W in their dtype or in int8 with a float32 scale per output row (kernels/int8_linear.py), each
-weight byte read once at close to the memory bandwidth, on torch's own threads.
+float32, with W in their dtype or in int8 with a float32 scale per output row (kernels/int8_linear.py; the rows
+then quantized in blocks of QUANT_BLOCK, as llama.cpp's Q8_0 does, for AVX-512 VNNI's integer dot products),
+each weight byte read once at close to the memory bandwidth, on torch's own threads.
 
 oneDNN's prepacked kernel (kernels/cpu_linear.py's other path) read SmolLM2's weights at about half this
 machine's bandwidth for one row, and a batch-1 decode step is little else. The weight is packed once into
@@ -19,8 +20,10 @@ import torch.nn.functional as F
 from kvferry.native_library import NativeLibrary
 
 LIBRARY = NativeLibrary(Path(__file__).with_name("_cpu_gemv.c"), "kvferry.kernels' CPU linear kernels",
-                        ("-O3", "-fopenmp", "-fno-math-errno"), ("_cpu_bf16_bits.h",))  # fmt: skip
+                        ("-O3", "-fopenmp", "-fno-math-errno", "-lm"), ("_cpu_bf16_bits.h",))  # fmt: skip
 TILE = 32  # outputs a tile, as the C file's
+QUANT_BLOCK = 32  # activations a scale against int8 weights, as the C file's
+_INT8_OFFSET = 128  # int8 weights are stored as unsigned bytes, value + 128 (VNNI's unsigned operand)
 DTYPES = (torch.bfloat16, torch.float32)
 
 _int64, _pointer, _int = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
@@ -40,17 +43,22 @@ def _loaded() -> ctypes.CDLL:
     return _library
 
 
+_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.int8: 2}  # kvf_linear_has_vector_kernel's
+
+
 def has_vector_kernel(dtype: torch.dtype) -> bool:
-    """Whether this CPU runs the kernel written for its vector instructions for weights of `dtype` (AVX-512 BF16
-    for bfloat16, AVX-512 for float32 and int8); else a plain C one runs, compiled for the CPU's vector width."""
-    return bool(_loaded().kvf_linear_has_vector_kernel(dtype == torch.bfloat16))
+    """Whether this CPU runs the kernel written for its vector instructions for weights of `dtype` (AVX-512 for
+    float32, AVX-512 BF16 for bfloat16, AVX-512 VNNI for int8); else a plain C one runs, compiled for the CPU's
+    vector width, with the same results (int8: the same bits)."""
+    return bool(_loaded().kvf_linear_has_vector_kernel(_KINDS[dtype]))
 
 
 @dataclass(frozen=True)
 class PackedWeight:
     """A weight [N, K] in the C kernel's layout, from `pack`: outputs in tiles of TILE (zeros past N),
-    bfloat16 as k pairs side by side ([tiles, ceil(K/2), TILE, 2], a zero past an odd K), float32 and int8 as
-    [tiles, K, TILE]; int8 with its outputs' float32 scales ([N]), None for the others."""
+    bfloat16 as k pairs side by side ([tiles, ceil(K/2), TILE, 2], a zero past an odd K), float32 as [tiles, K,
+    TILE], int8 as k quads side by side in unsigned bytes, value + 128 ([tiles, K' / 4, TILE, 4], K' = K
+    rounded up to QUANT_BLOCK, zeros past K); int8 with its outputs' float32 scales ([N]), None for the others."""
 
     tiles: torch.Tensor
     out_features: int
@@ -67,8 +75,13 @@ def pack(weight: torch.Tensor, scales: torch.Tensor | None = None) -> PackedWeig
     if weight.dtype == torch.bfloat16:
         padded = F.pad(weight, (0, k % 2, 0, tiles * TILE - n))
         packed = padded.view(tiles, TILE, -1, 2).transpose(1, 2).contiguous()
-    elif weight.dtype in (torch.float32, torch.int8):
+    elif weight.dtype == torch.float32:
         packed = F.pad(weight, (0, 0, 0, tiles * TILE - n)).view(tiles, TILE, k).transpose(1, 2).contiguous()
+    elif weight.dtype == torch.int8:
+        unsigned = (weight.to(torch.int16) + _INT8_OFFSET).to(torch.uint8)
+        padded_k = -(-k // QUANT_BLOCK) * QUANT_BLOCK
+        padded = F.pad(unsigned, (0, padded_k - k, 0, tiles * TILE - n), value=_INT8_OFFSET)
+        packed = padded.view(tiles, TILE, padded_k // 4, 4).transpose(1, 2).contiguous()
     else:
         raise ValueError(f"the CPU linear kernel takes bfloat16, float32 or int8 weights, not {weight.dtype}")
     if scales is not None:
@@ -81,9 +94,24 @@ def pack(weight: torch.Tensor, scales: torch.Tensor | None = None) -> PackedWeig
 def unpack(weight: PackedWeight) -> torch.Tensor:
     """The weight [N, K] that `pack` took (int8: its values, without the scales)."""
     tiles = weight.tiles
-    if tiles.dim() == 4:  # bfloat16's k pairs
+    if tiles.dim() == 4:  # bfloat16's k pairs, int8's k quads
         tiles = tiles.transpose(2, 3).reshape(tiles.shape[0], -1, TILE)
-    return tiles.transpose(1, 2).reshape(-1, tiles.shape[1])[: weight.out_features, : weight.in_features]
+    unpacked = tiles.transpose(1, 2).reshape(-1, tiles.shape[1])[: weight.out_features, : weight.in_features]
+    if unpacked.dtype == torch.uint8:
+        return (unpacked.to(torch.int16) - _INT8_OFFSET).to(torch.int8)
+    return unpacked
+
+
+def quantized_rows(x: torch.Tensor) -> torch.Tensor:
+    """x [rows, K] as the int8 kernel multiplies it, in float64: each row's blocks of QUANT_BLOCK quantized to
+    int8 values on the block's own scale (its largest magnitude / 127, round to nearest even), times that
+    scale. The C file's float32 arithmetic step by step: the reference its int8 results are checked against."""
+    rows, k = x.shape
+    blocks = F.pad(x.float(), (0, -k % QUANT_BLOCK)).view(rows, -1, QUANT_BLOCK)
+    scales = blocks.abs().amax(dim=-1, keepdim=True) / 127
+    inverses = torch.where(scales > 0, 1 / scales, torch.zeros_like(scales))
+    values = torch.round(blocks * inverses)
+    return (values.double() * scales.double()).view(rows, -1)[:, :k]
 
 
 def linear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = None, threads: int = 1,
@@ -93,7 +121,7 @@ def linear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = No
     products are scaled by their output's scale; `portable` takes the plain C kernel where the vector one
     would run (tests). The checks are plain comparisons: a decode step makes 121 of these calls."""
     tiles, n, scales = weight.tiles, weight.out_features, weight.scales
-    dtype_fits = x.dtype == tiles.dtype or (scales is not None and x.dtype in DTYPES)
+    dtype_fits = (x.dtype in DTYPES) if scales is not None else x.dtype == tiles.dtype
     if x.dim() != 2 or not dtype_fits or not x.is_contiguous() or x.shape[1] != weight.in_features:
         raise ValueError(f"x must be a packed [rows, {weight.in_features}] tensor of the weight's dtype "
                          "(bfloat16 or float32 for int8 weights)")  # fmt: skip
@@ -110,7 +138,7 @@ def linear(x: torch.Tensor, weight: PackedWeight, bias: torch.Tensor | None = No
         status = library.kvf_linear_int8(x.data_ptr(), tiles.data_ptr(), scales.data_ptr(), bias_pointer,
                                          out.data_ptr(), rows, weight.in_features, n, threads, portable, bf16)  # fmt: skip
         if status:
-            raise MemoryError(f"no memory to widen {rows} bfloat16 rows of {weight.in_features} to float32")
+            raise MemoryError(f"no memory to quantize {rows} rows of {weight.in_features} for int8 weights")
         return out
     kernel = library.kvf_linear_bf16 if bf16 else library.kvf_linear_f32
     kernel(x.data_ptr(), tiles.data_ptr(), bias_pointer, out.data_ptr(), rows, weight.in_features, n, threads,

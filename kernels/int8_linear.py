@@ -1,28 +1,30 @@
 """Linear layers with int8 weights on the CPU: one int8 value per weight, one float32 scale per output row,
-multiplied by kvferry's C kernel (kernels/cpu_gemv.py) against the activations as they are, in bfloat16 or
-float32: the weights are widened to float32 in registers, the activations are not quantized.
+multiplied by kvferry's C kernel (kernels/cpu_gemv.py) as llama.cpp multiplies its Q8_0 weights: each row's
+activations quantized to int8 in blocks of 32 on their own scale, each block's products an exact integer sum
+(AVX-512 VNNI's byte dot products, four products and their sum an instruction), scaled into a float32 total.
 
 Why: a CPU decode step streams every weight once, and int8 reads a quarter of float32's bytes, half of
-bfloat16's. fbgemm's int8 GEMM (`quantized::linear_dynamic`), which this module used before, quantizes the
-activations and cost about 50 us a call before any work (two 7-bit rows a row, below); the C kernel
-streams the weights as it does float32's and bfloat16's, a few microseconds a call.
+bfloat16's. Widening each int8 weight to float32 for a float32 FMA (this module's kernel before) made the
+products, not the bytes, the bound: 121 calls of SmolLM2's shapes took as long at 16 rows as float32's, and at
+one row its bytes streamed at half float32's rate. fbgemm's int8 GEMM (`quantized::linear_dynamic`), used
+before that, cost about 50 us a call before any work.
 
-Rows: float32 rows take the C kernel at any count: it was faster than MKL's float32 GEMM on the weight
-dequantized once a call at every count measured (1.03-2x at 64-2048 rows of SmolLM2's shapes, where its
-products bound it, not the weights' bytes). bfloat16 rows take it up to BF16_C_KERNEL_MAX_ROWS; more (prefill,
-large batches) dequantize the weight once a call to bfloat16 and take MKL's bfloat16 GEMM, whose AVX-512 BF16
-dot products make two products an instruction where the C kernel's FMAs make one: 1.1x at 128 rows, 1.7x
-at 256, 2x at 512-2048.
+Rows: the C kernel at any count, prefill too. Its weight tiles fit the core's L1, so more rows cost only
+products, four an instruction: SmolLM2's four linear shapes at 512 rows took 13 ms where MKL's GEMM on the
+weight dequantized once a call took 17 (bfloat16) and 27 (float32), which this module used past 64 bfloat16
+rows before VNNI.
 
-Quality: each product is float32's of the activation and the integer weight, so the only rounding int8 adds
-is the weights' own (half a step of their row's scale). With fbgemm the activations were rounded too (to
-about 13 bits a row in two 7-bit rows, since fbgemm's one 7-bit range for a whole call had cost the real model
-a fifth of its greedy tokens); tests/integration/test_cpu_quantized_weights.py has the agreement with float32.
+Quality: the activations' rounding (half a step of their block's scale, 1/254 of its largest magnitude) is
+added to the weights' own (half a step of their row's scale). Blocks of 32 keep an outlier channel from
+coarsening the whole row, which one scale a row did: fbgemm's 7-bit activations over each row's span cost the
+real model a fifth of its greedy tokens. tests/integration/test_cpu_quantized_weights.py has the agreement
+with float32, benchmarks/cpu_real_model.py the agreement with llama.cpp on the same Q8_0 file.
 
 `KVFERRY_KERNELS=torch` keeps fbgemm's path, as kernels/cpu_linear.py keeps oneDNN's for bfloat16 and
-float32: torch's own kernels, for comparison and for a CPU where the C kernel would misbehave. Its packed copy
-is made on first use, so a node on the C kernel holds its weights once. torch marks its quantized tensor API
-as deprecated (pytorch#184982); it is what reaches fbgemm from Python today, and its one use is here.
+float32: torch's own kernels, for comparison and for a CPU where the C kernel would misbehave (its
+activations in about 13 bits a row, `_fbgemm_linear`). Its packed copy is made on first use, so a node on the
+C kernel holds its weights once. torch marks its quantized tensor API as deprecated (pytorch#184982); it is
+what reaches fbgemm from Python today, and its one use is here.
 """
 
 from __future__ import annotations
@@ -32,13 +34,10 @@ import warnings
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from kvferry.kernels import cpu_gemv
 
 INT8_MAX = 127
-# Up to this many bfloat16 rows the C kernel runs (as fast as MKL's GEMM at 64); more take MKL's (see the top).
-BF16_C_KERNEL_MAX_ROWS = 64
 # A row of zeros would get scale 0; any positive scale represents it exactly.
 _SMALLEST_SCALE = 1e-12
 
@@ -79,8 +78,8 @@ def quantize_int8(weight: torch.Tensor) -> Int8Weight:
 
 def linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None, native: bool) -> torch.Tensor:
     """x [..., in_features] (any float type; bfloat16 and float32 as they are, others in float32) times the
-    int8 weight (+ bias), in x's dtype, by the C kernel (`native`, dispatch's choice) or fbgemm. A row's result
-    depends on that row alone."""
+    int8 weight (+ bias), in x's dtype, by the C kernel (`native`, dispatch's choice; the rows quantized in
+    blocks, see the top) or fbgemm. A row's result depends on that row alone."""
     if x.device.type != "cpu":
         raise ValueError(f"int8 weights run on the CPU only, got activations on {x.device}")
     if not native:
@@ -90,10 +89,7 @@ def linear(x: torch.Tensor, weight: Int8Weight, bias: torch.Tensor | None, nativ
         rows = rows.to(torch.float32)
     if bias is not None and bias.dtype != rows.dtype:
         bias = bias.to(rows.dtype)
-    if rows.dtype == torch.bfloat16 and rows.shape[0] > BF16_C_KERNEL_MAX_ROWS:
-        out = F.linear(rows, weight.dequantize(torch.bfloat16), bias)
-    else:
-        out = cpu_gemv.linear(rows.contiguous(), weight.packed, bias, torch.get_num_threads())
+    out = cpu_gemv.linear(rows.contiguous(), weight.packed, bias, torch.get_num_threads())
     return out.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
 
 

@@ -56,12 +56,13 @@ def test_cpu_formats_are_refused_on_a_gpu_and_over_an_fp8_checkpoint(tiny_models
 def test_the_real_model_quantized_picks_float32_s_next_token(smollm2, smollm2_reference, quantization, dtype):
     """The quantized engine's top-1 after each prefix of float32's greedy reply, 8 prompts x 32 tokens
     (teacher-forced), measured on the CPU:
-    - int8, float32 activations: 95.3% on the C kernel, whose activations are not quantized (as much as fbgemm
-      with the activations in two 7-bit rows reached with the LM head left in float32; fbgemm, still run
-      with KVFERRY_KERNELS=torch, 94.9% before the scales became float32, 95.3% since; 80.5% with fbgemm's own
-      7-bit activations over each row's span). bfloat16 activations: 95.7% (fbgemm 94.1%). Free-running,
-      int8 repeats float32's first 8 tokens on 4 of the 8 prompts (bfloat16 activations: 5).
-    - int4, bfloat16 activations: 96.1%, and 97.3% for bfloat16 without int4 (96.5% and 97.7% with
+    - int8, float32 activations: 94.1% on the C kernel, whose activations are quantized in blocks of 32 as
+      llama.cpp's Q8_0 (95.3% with them widened unquantized, the kernel before VNNI; fbgemm, still run with
+      KVFERRY_KERNELS=torch, 95.3% with its activations in two 7-bit rows; 80.5% with fbgemm's own 7-bit
+      activations over each row's span). bfloat16 activations: 94.9% (95.7% unquantized, fbgemm 94.1%).
+      Free-running, int8 repeats float32's first 8 tokens on 4 of the 8 prompts (bfloat16 activations: 3).
+    - int4, bfloat16 activations: 96.9% (96.1% before its int8 LM head's activations were quantized), and 97.3%
+      for bfloat16 without int4 (96.5% and 97.7% with
       KVFERRY_KERNELS=torch, without the C kernels of kernels/cpu_decode.py: one position each). The served
       model imports a GGUF whose linear layers are Q4_1, groups of 32 that int4 takes back nearly as they were
       (scales in bfloat16 where Q4_1 has float16), with the LM head (Q8_0 in the file, tied to the

@@ -1,6 +1,6 @@
 """The C linear kernel of the CPU's decode batches (kernels/cpu_gemv.py) against float64 sums of the same
 inputs: bfloat16 and float32 weights, and int8 weights with a scale an output against bfloat16 and float32
-rows; the kernel for the CPU's vector instructions and the plain C one, one and two threads, shapes whose N
+rows (their activations quantized in blocks, as `cpu_gemv.quantized_rows` says); the kernel for the CPU's vector instructions and the plain C one, one and two threads, shapes whose N
 and K fall off the kernel's tiles and pairs; every output written; each row's result the same bits alone or in
 a batch and on any thread count; the packing undone; bad operands refused; cpu_linear's choice of it."""
 
@@ -64,7 +64,8 @@ def test_the_kernel_is_the_exact_sum_within_rounding(rows, n, k, threads, kernel
     out = torch.full((rows, n), float("nan"), dtype=dtype)  # poisoned: every output must be written
     cpu_gemv.linear(x, packed, bias if rows % 2 else None, threads, kernel == "portable", out=out)
     assert not out.isnan().any()
-    _assert_within_rounding(out, x, weight, bias if rows % 2 else None)
+    multiplied = cpu_gemv.quantized_rows(x) if weight_dtype == torch.int8 else x
+    _assert_within_rounding(out, multiplied, weight, bias if rows % 2 else None)
 
 
 @pytest.mark.parametrize(("dtype", "weight_dtype"), FORMS, ids=FORM_NAMES)
@@ -84,7 +85,11 @@ def test_the_vector_and_plain_kernels_agree(dtype, weight_dtype):
     _runs_here("vector", weight_dtype)
     x, packed, _, bias = _case(5, 70, 99, dtype, seed=3, weight_dtype=weight_dtype)
     vector = cpu_gemv.linear(x, packed, bias, portable=False)
-    torch.testing.assert_close(cpu_gemv.linear(x, packed, bias, portable=True), vector, rtol=2**-7, atol=1e-5)
+    portable = cpu_gemv.linear(x, packed, bias, portable=True)
+    if weight_dtype == torch.int8:  # exact integer sums, then the same float32 steps in the same order
+        assert torch.equal(portable, vector)
+    else:
+        torch.testing.assert_close(portable, vector, rtol=2**-7, atol=1e-5)
 
 
 @pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float32, torch.int8])
