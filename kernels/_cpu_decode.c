@@ -8,10 +8,9 @@ baseline copy of each kernel; the loader picks the CPU's at load time. The kerne
 Arithmetic: as torch computes these ops, in float32, bfloat16's rounded (to nearest even) where torch's op
 ends, so RoPE and the residual add are bit for bit kernels/reference.py's; RMSNorm and the attention's
 softmax differ from it only in the order of float32 sums and in float32's last bits of e^x (a polynomial
-here, torch's own vectorized one there), SiLU in the latter. Built with -ffp-contract=off (pyproject.toml,
-cpu_decode.py): a product and a sum stay two roundings, as torch's separate ops make them, where a fused
-multiply-add would change RoPE's float32 bits. Each row's result depends on its own inputs alone: a token's
-output is the same in any batch.
+here, torch's own vectorized one there), SiLU in the latter. RoPE's products and sum are never fused into one
+multiply-add, which would change float32's bits (rotate_row). Each row's result depends on its own inputs
+alone: a token's output is the same in any batch.
 */
 #include <math.h>
 #include <omp.h>

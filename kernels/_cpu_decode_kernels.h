@@ -142,8 +142,10 @@ void NAME(kvf_rms_norm)(const ELEMENT *x, const ELEMENT *residual, const ELEMENT
 }
 
 /* Neox RoPE of one head's row: x * cos + rotated(x) * sin, each product and the sum rounded, cos and sin
-rounded from the float32 table first (reference.rotate_neox's arithmetic). */
-static inline void NAME(rotate_row)(const ELEMENT *x, const float *cos, const float *sin, int64_t dim, ELEMENT *out) {
+rounded from the float32 table first (reference.rotate_neox's arithmetic). Never a fused multiply-add (the
+library's other kernels may have them): torch's separate products and sum round each, and float32 RoPE is its
+bits. */
+__attribute__((optimize("fp-contract=off"))) static void NAME(rotate_row)(const ELEMENT *x, const float *cos, const float *sin, int64_t dim, ELEMENT *out) {
     int64_t half = dim / 2;
     for (int64_t d = 0; d < dim; d++) {
         float rotated = d < half ? -TO_FLOAT(x[d + half]) : TO_FLOAT(x[d - half]);

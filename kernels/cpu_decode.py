@@ -20,7 +20,7 @@ import torch
 from kvferry.native_library import NativeLibrary
 
 LIBRARY = NativeLibrary(Path(__file__).with_name("_cpu_decode.c"), "kvferry.kernels' CPU decode-step kernels",
-                        ("-O3", "-fopenmp", "-fno-math-errno", "-ffp-contract=off", "-lm"),
+                        ("-O3", "-fopenmp", "-fno-math-errno", "-lm"),
                         ("_cpu_bf16_bits.h", "_cpu_decode_kernels.h"))  # fmt: skip
 MAX_HEAD_DIM = 256  # as the C file's
 MAX_GROUP = 32
