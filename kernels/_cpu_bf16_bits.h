@@ -1,4 +1,4 @@
-/* bfloat16 <-> float32 as torch converts them, for kvferry's C kernels (kernels/_cpu_bf16.c, _cpu_gemv.c). */
+/* bfloat16 <-> float32 as torch converts them, for kvferry's C kernels (kernels/_cpu_decode.c, _cpu_gemv.c). */
 #ifndef KVFERRY_CPU_BF16_BITS_H
 #define KVFERRY_CPU_BF16_BITS_H
 
