@@ -47,9 +47,12 @@ calls of 0.3-3.5 MB each, and at each call's start the hardware's prefetcher had
 121 bfloat16 calls of SmolLM2's shapes took 5-9% less time with it (4 KB; 1 KB into L1 was slower). */
 #define PREFETCH_AHEAD 4096
 
-/* A call's rows quantized for int8 weights (see the top): per row, its padded_k int8 values, and per block
-its scale and 128 times its values' sum (what the weights' +128 adds to the block's integer sum). */
+/* A call's rows quantized for int8 weights (see the top), from `source` ([rows, k], bfloat16 where `bf16`, else
+float32): per row, its padded_k int8 values, and per block its scale and 128 times its values' sum (what the
+weights' +128 adds to the block's integer sum). */
 struct quantized_rows {
+    const void *source;
+    int bf16;
     int8_t *values;   /* [rows][padded_k], zeros past k */
     float *scales;    /* [rows][blocks] */
     int32_t *offsets; /* [rows][blocks] */
@@ -282,7 +285,8 @@ static void int8_tile_portable(const struct linear_call *call, int64_t tile, int
 }
 
 /* Room for a call's rows quantized (see the top); 0 where there is none (nothing allocated). */
-static int allocate_quantized(int64_t rows, int64_t k, struct quantized_rows *quantized) {
+static int allocate_quantized(const void *source, int bf16, int64_t rows, int64_t k,
+                              struct quantized_rows *quantized) {
     int64_t blocks = (k + QUANT_BLOCK - 1) / QUANT_BLOCK, padded_k = blocks * QUANT_BLOCK;
     int8_t *values = calloc((size_t)(rows * padded_k), 1);
     float *scales = malloc(sizeof(float) * (size_t)(rows * blocks));
@@ -291,12 +295,14 @@ static int allocate_quantized(int64_t rows, int64_t k, struct quantized_rows *qu
         free(values), free(scales), free(offsets);
         return 0;
     }
-    *quantized = (struct quantized_rows){values, scales, offsets, padded_k, blocks};
+    *quantized = (struct quantized_rows){source, bf16, values, scales, offsets, padded_k, blocks};
     return 1;
 }
 
-/* Row r of x [rows, k] (bfloat16 or float32) quantized block by block into `quantized` (see the top). */
-static void quantize_row(const void *x, int bf16, int64_t r, int64_t k, const struct quantized_rows *quantized) {
+/* Row r of the source [rows, k] quantized block by block (see the top). */
+static void quantize_row(const struct quantized_rows *quantized, int64_t r, int64_t k) {
+    const void *x = quantized->source;
+    int bf16 = quantized->bf16;
     int64_t blocks = quantized->blocks, padded_k = quantized->padded_k;
     for (int64_t b = 0; b < blocks; b++) {
         float block[QUANT_BLOCK] = {0}, largest = 0.0f;
@@ -360,20 +366,14 @@ static void run_tiles(const struct linear_call *call, tile_kernel *kernel, tile_
         }
 }
 
-/* Rows to quantize (int8 weights) in the same parallel region, before its tiles. */
-struct quantize_job {
-    const void *x;
-    int bf16;
-};
-
-static void run(const struct linear_call *call, tile_kernel *kernel, tile_store *store, int threads,
-                const struct quantize_job *job) {
+/* The tiles split between the threads; int8 weights' rows quantized first in the same region. */
+static void run(const struct linear_call *call, tile_kernel *kernel, tile_store *store, int threads) {
     int64_t tiles = (call->n + TILE - 1) / TILE;
 #pragma omp parallel num_threads(threads) if (threads > 1 && tiles > 1)
     {
-        if (job) {  /* every thread or none: the rows split between them, then a barrier */
+        if (call->quantized) {  /* every thread or none: the rows split between them, then a barrier */
 #pragma omp for schedule(static)
-            for (int64_t r = 0; r < call->rows; r++) quantize_row(job->x, job->bf16, r, call->k, call->quantized);
+            for (int64_t r = 0; r < call->rows; r++) quantize_row(call->quantized, r, call->k);
         }
         int64_t thread = omp_get_thread_num(), count = omp_get_num_threads();
         run_tiles(call, kernel, store, tiles * thread / count, tiles * (thread + 1) / count);
@@ -399,7 +399,7 @@ void kvf_linear_bf16(const uint16_t *x, const uint16_t *packed, const uint16_t *
     static int vector = -1;
     if (vector < 0) vector = kvf_linear_has_vector_kernel(1);
     struct linear_call call = {x, packed, bias, NULL, NULL, out, rows, k, n};
-    run(&call, vector && !portable ? bf16_tile_avx512 : bf16_tile_portable, bf16_store, threads, NULL);
+    run(&call, vector && !portable ? bf16_tile_avx512 : bf16_tile_portable, bf16_store, threads);
 }
 
 /* out = x @ W.T + bias in float32, W packed (see the top); `portable` as above. */
@@ -408,7 +408,7 @@ void kvf_linear_f32(const float *x, const float *packed, const float *bias, floa
     static int vector = -1;
     if (vector < 0) vector = kvf_linear_has_vector_kernel(0);
     struct linear_call call = {x, packed, bias, NULL, NULL, out, rows, k, n};
-    run(&call, vector && !portable ? f32_tile_avx512 : f32_tile_portable, f32_store, threads, NULL);
+    run(&call, vector && !portable ? f32_tile_avx512 : f32_tile_portable, f32_store, threads);
 }
 
 /* out = (x @ Q.T) * scales + bias for int8 weights Q packed (see the top) with one float32 scale an output, x
@@ -419,11 +419,9 @@ int kvf_linear_int8(const void *x, const uint8_t *packed, const float *scales, c
     static int vector = -1;
     if (vector < 0) vector = kvf_linear_has_vector_kernel(2);
     struct quantized_rows quantized;
-    if (!allocate_quantized(rows, k, &quantized)) return -1;
+    if (!allocate_quantized(x, bf16, rows, k, &quantized)) return -1;
     struct linear_call call = {NULL, packed, bias, scales, &quantized, out, rows, k, n};
-    struct quantize_job job = {x, bf16};
-    run(&call, vector && !portable ? int8_tile_vnni : int8_tile_portable, bf16 ? bf16_store : f32_store, threads,
-        &job);
+    run(&call, vector && !portable ? int8_tile_vnni : int8_tile_portable, bf16 ? bf16_store : f32_store, threads);
     free(quantized.values), free(quantized.scales), free(quantized.offsets);
     return 0;
 }

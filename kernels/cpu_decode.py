@@ -13,6 +13,7 @@ on the reference.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -38,15 +39,18 @@ _KERNELS = {  # name without its type's suffix: (restype, argtypes)
     "kvf_silu_and_mul": (None, [_pointer] * 2 + [_int64] * 2),
 }  # fmt: skip
 _SUFFIXES = {torch.float32: "_f32", torch.bfloat16: "_bf16"}  # the types the kernels take, and their names' suffix
-_library: ctypes.CDLL | None = None  # loaded on first use: a process that never runs them never builds it
+# (kernel, dtype): its C function, looked up once when the library loads on first use (a process that never
+# runs them never builds it), not by name on every call
+_functions: dict[tuple[str, torch.dtype], Callable[..., int | None]] = {}
 
 
 def _call(kernel: str, dtype: torch.dtype, *args: object) -> int | None:
-    global _library
-    if _library is None:
-        _library = LIBRARY.load({name + suffix: signature for name, signature in _KERNELS.items()
-                                 for suffix in _SUFFIXES.values()})  # fmt: skip
-    return getattr(_library, kernel + _SUFFIXES[dtype])(*args)
+    if not _functions:
+        library = LIBRARY.load({name + suffix: signature for name, signature in _KERNELS.items()
+                                for suffix in _SUFFIXES.values()})  # fmt: skip
+        _functions.update({(name, dtype): getattr(library, name + suffix) for name in _KERNELS
+                           for dtype, suffix in _SUFFIXES.items()})  # fmt: skip
+    return _functions[kernel, dtype](*args)
 
 
 def _checked(status: int | None, what: str) -> None:
