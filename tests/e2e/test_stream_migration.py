@@ -95,7 +95,9 @@ def _every_stream_survives(cluster: DisaggregatedCluster, disrupt: Callable[[], 
         running = cluster.wait_until(
             decode_0_running, 60,
             lambda: f"decode-0 decoding {MID_STREAM} streams: {cluster.stats('decode-0')['running']} running, "
-                    f"{sum(1 for r in records if r.events)} of {STREAMS} streams with tokens",
+                    f"{sum(1 for r in records if r.events)} of {STREAMS} streams with tokens, "
+                    f"{sum(1 for r in records if r.completion_tokens)} complete; decode-1 running "
+                    f"{cluster.stats('decode-1')['running']}",  # where the burst went, when it fails
         )
         disrupt()
         done = [f.result(timeout=120) for f in futures]
