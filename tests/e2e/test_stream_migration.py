@@ -24,6 +24,12 @@ MAX_TOKENS = 400
 CLEAN_ERROR_SECONDS = 5.0
 MID_STREAM = 4  # streams decode-0 decodes when it is killed
 DRAIN_GRACE_SECONDS = 0.5
+# The decode nodes' least time a step (support.faulty_node --min-step-seconds): a stream of MAX_TOKENS then
+# decodes for at least 4 s on any machine. Unpaced, the float32 C kernels decode 8 of the tiny model's
+# streams of 400 tokens in about 0.4 s, while the 16 streams reached the router over 0.6-3.8 s (two cores,
+# two more processes busy): decode-0 then ran its streams a few at a time, or the 0.1 s poll of its /stats
+# (one call took up to 1.3 s) saw it between them, never 4 at once, as in a clean-clone CI run's failure.
+STEP_SECONDS = 0.01
 
 
 def _body(index: int, stream: bool) -> dict:
@@ -69,11 +75,17 @@ def _undisturbed(router: str) -> list[str]:
         return list(pool.map(one, range(STREAMS)))
 
 
+def _paced(*decode_nodes: str) -> dict[str, list[str]]:
+    return {name: ["-m", "support.faulty_node", "--min-step-seconds", str(STEP_SECONDS)] for name in decode_nodes}
+
+
 @pytest.fixture
 def two_by_two(tiny_models):
-    # A drained decode node cuts its streams after 0.5 s: 4 streams of 400 tokens cannot end in that time, on
-    # any machine; with the default 3 s, a quiet machine decoded all of them before the cut (no migration).
+    # A drained decode node cuts its streams after 0.5 s: 4 paced streams of 400 tokens cannot end in that
+    # time; with the default 3 s, a quiet machine decoded all of them before the cut (no migration). Both
+    # decode nodes are paced alike, so that neither holds its streams longer in the router's queue counts.
     cluster = DisaggregatedCluster(tiny_models["llama"], num_prefill=2, num_decode=2,
+                                   launchers=_paced("decode-0", "decode-1"),
                                    role_flags={"decode": ["--shutdown-grace", str(DRAIN_GRACE_SECONDS)]})
     yield cluster
     cluster.stop()
@@ -128,7 +140,8 @@ def test_a_drained_decode_node_hands_its_streams_over_and_every_stream_completes
 
 
 def test_the_only_decode_node_killed_ends_its_stream_with_a_clean_error_at_once(tiny_models):
-    cluster = DisaggregatedCluster(tiny_models["llama"])
+    # Paced, so that the stream still decodes when it is killed (unpaced, its 400 tokens took 0.3-0.9 s).
+    cluster = DisaggregatedCluster(tiny_models["llama"], launchers=_paced("decode-0"))
     try:
         record = StreamRecord()
         reader = threading.Thread(target=_read_stream, args=(cluster.router, STREAMS, record))  # greedy, unseeded
