@@ -228,17 +228,17 @@ class CompletionService:
 
     async def _schedule_choices(self, subs: list[SubRequest], session: str | None) -> list[Decision]:
         """Where each choice goes (one prefix lookup per prompt). A session's choices go where its last turn
-        went, while those nodes can take them; where they go is its next turn's preference."""
-        nodes = self.cluster.views()
+        went, while those nodes can take them; where they go is its next turn's preference. Each choice is
+        scheduled on the nodes' load as of then, after the awaited lookup: what was scheduled meanwhile counts."""
         requests: dict[int, SchedulingRequest] = {}
         decisions = []
         for sub in subs:
             if sub.prompt_index not in requests:
-                request = await self.lookup.request_for(sub.prompt_ids, nodes)
+                request = await self.lookup.request_for(sub.prompt_ids, self.cluster.views())
                 if session is not None:
                     request = dataclasses.replace(request, session_nodes=self.sessions.nodes(session))
                 requests[sub.prompt_index] = request
-            decision = self._schedule(requests[sub.prompt_index], nodes, len(sub.prompt_ids))
+            decision = self._schedule(requests[sub.prompt_index], self.cluster.views(), len(sub.prompt_ids))
             if session is not None:
                 self.sessions.record(session, frozenset(node.name for node in (decision.prefill, decision.decode) if node))
             decisions.append(decision)
@@ -250,6 +250,9 @@ class CompletionService:
         except NoNodeAvailable as exc:
             raise overloaded(503, str(exc)) from None
         self.lookup.routed(request, (decision.prefill or decision.decode).name)
+        for node in (decision.decode, decision.prefill):
+            if node is not None:
+                self.cluster.schedule(node.url)
         policy = self.scheduler.policy_name
         self.metrics.routed(policy, "decode", decision.decode.name)
         if decision.prefill is not None:
@@ -261,9 +264,12 @@ class CompletionService:
         """A choice whose decode node was lost, scheduled again without the nodes it lost, on a decode node
         that runs the last one's model (`last`; None: the choice has no output yet, any model may start it):
         `token_ids`, its prompt and the outputs it has, are the prompt its next node computes."""
-        nodes = [node for node in self.cluster.views() if node.url not in lost and
-                 (node.role != "decode" or last is None or node.exchanges_kv_with(last))]
-        return self._schedule(await self.lookup.request_for(token_ids, nodes), nodes, len(token_ids))
+        def usable() -> list[NodeView]:
+            return [node for node in self.cluster.views() if node.url not in lost and
+                    (node.role != "decode" or last is None or node.exchanges_kv_with(last))]
+
+        request = await self.lookup.request_for(token_ids, usable())
+        return self._schedule(request, usable(), len(token_ids))
 
     @staticmethod
     async def _first(merged: AsyncIterator[tuple[int, list[dict]]]) -> tuple[int, list[dict]] | None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
+import time
+from collections import Counter, defaultdict, deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +24,8 @@ REGISTRY_REFRESH_SECONDS = 1.0
 # A node busy enough to miss a probe's deadline is slow, not dead: it is ejected only after this many
 # timeouts in a row (a refused connection or an unhealthy answer ejects at once).
 PROBE_TIMEOUTS_TO_EJECT = 3
+# How long a scheduled request counts on its node before its call starts (then the call counts it).
+SCHEDULED_SECONDS = 5.0
 
 
 def _int(value: Any) -> int | None:
@@ -60,6 +63,7 @@ class ClusterState:
         self.probe_timeout_seconds = probe_timeout_seconds
         self.client = client
         self.inflight: Counter[str] = Counter()
+        self._scheduled: defaultdict[str, deque[float]] = defaultdict(deque)  # url -> when each request was scheduled
         self._probe_timeouts: dict[str, int] = {}  # probes in a row that ran out of time, by node
         self._tasks: list[asyncio.Task] = []
 
@@ -69,7 +73,8 @@ class ClusterState:
 
     def views(self) -> list[NodeView]:
         return [
-            node_view(endpoint, entry, self.health.is_healthy(endpoint.url), self.inflight[endpoint.url],
+            node_view(endpoint, entry, self.health.is_healthy(endpoint.url),
+                      self.inflight[endpoint.url] + self._scheduled_count(endpoint.url),
                       stale=entry is not None and self.registry.is_stale(entry[1]))
             for endpoint in self.discovery.endpoints()
             for entry in [self.registry.lookup(endpoint.url)]
@@ -80,14 +85,31 @@ class ClusterState:
         theirs = entry[1].get("tokenizer") if entry is not None else None
         return self.tokenizer is None or theirs is None or theirs == self.tokenizer
 
+    def schedule(self, url: str) -> None:
+        """A request was just scheduled onto the node: it counts there from now on. Its call starts a few awaits
+        later (track), and a burst scheduled meanwhile would see none of it: 6 requests within 10 ms all went to
+        one decode node, each seeing the other with more in flight. Taken over by the call's track; one whose
+        call never starts (the client left first, or the decode node answered without a prefill) stops
+        counting after SCHEDULED_SECONDS."""
+        self._scheduled[url].append(time.monotonic())
+
     @contextlib.contextmanager
     def track(self, url: str) -> Iterator[None]:
-        """Count a request as in flight on a node while the block runs."""
+        """Count a request as in flight on a node while the block runs (taking over its scheduled count)."""
+        if self._scheduled_count(url):
+            self._scheduled[url].popleft()
         self.inflight[url] += 1
         try:
             yield
         finally:
             self.inflight[url] -= 1
+
+    def _scheduled_count(self, url: str) -> int:
+        scheduled = self._scheduled[url]
+        expired = time.monotonic() - SCHEDULED_SECONDS
+        while scheduled and scheduled[0] < expired:
+            scheduled.popleft()
+        return len(scheduled)
 
     async def start(self) -> None:
         self.discovery.start()

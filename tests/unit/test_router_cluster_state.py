@@ -4,15 +4,18 @@ stale or unhealthy records and failing nodes ejected, with a backoff that double
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import httpx
 
 from kvferry.kvcache.node_registry import InMemoryRegistry
+from kvferry.router.discovery import cluster as cluster_module
 from kvferry.router.discovery.cluster import ClusterState, node_view
 from kvferry.router.discovery.health import HealthTracker
 from kvferry.router.discovery.nodes import Endpoint
 from kvferry.router.discovery.registry_view import RegistryView
 from kvferry.router.discovery.sources import RegistryDiscovery, StaticDiscovery
+from kvferry.router.scheduling import POLICIES, Scheduler, SchedulingRequest
 
 
 def record(url: str, role: str, **fields) -> dict:
@@ -132,3 +135,41 @@ def test_a_node_that_never_answered_is_probed_every_round_while_it_starts():
         assert not health.due_for_probe(url, now=second + 0.9) and health.due_for_probe(url, now=second + 1.0)
     health.record_success(url)
     assert health.is_healthy(url)
+
+
+def two_decode_nodes() -> tuple[ClusterState, list[str]]:
+    urls = ["http://10.0.0.2:8100", "http://10.0.0.3:8100"]
+    registry = InMemoryRegistry()
+    for index, url in enumerate(urls):
+        registry.publish(f"d{index}", record(url, "decode"))
+    view = RegistryView(registry, stale_after_seconds=15)
+    view.refresh()
+    return ClusterState(StaticDiscovery([], urls), view, HealthTracker(), 1.0, httpx.AsyncClient()), urls
+
+
+def test_a_burst_counts_each_request_from_its_scheduling_and_spreads_over_the_decode_nodes():
+    cluster, (d0, d1) = two_decode_nodes()
+    scheduler = Scheduler(POLICIES["default"])
+    cluster.inflight.update({d0: 1, d1: 3})  # streams already open
+    picked = Counter()
+    for _ in range(6):  # scheduled before any of their streams opens (track)
+        decode = scheduler.schedule(SchedulingRequest(model="m", num_prompt_tokens=40, num_blocks=2), cluster.views()).decode
+        cluster.schedule(decode.url)
+        picked[decode.name] += 1
+    # Counted from the scheduling, the six even the load out (5 and 5); counted only from their streams, all
+    # six saw d0 with 1 and d1 with 3 in flight and went to d0.
+    assert picked == {"d0": 4, "d1": 2}
+    assert [node.inflight for node in cluster.views()] == [5, 5]
+
+
+def test_a_scheduled_request_is_taken_over_by_its_call_or_stops_counting_after_a_while(monkeypatch):
+    cluster, (d0, _) = two_decode_nodes()
+    cluster.schedule(d0)
+    assert cluster.views()[0].inflight == 1
+    with cluster.track(d0):  # its call started: counted once, by the call
+        assert cluster.views()[0].inflight == 1
+    assert cluster.views()[0].inflight == 0
+    cluster.schedule(d0)  # a call that never starts (the client left first)
+    now = time.monotonic()
+    monkeypatch.setattr(cluster_module.time, "monotonic", lambda: now + cluster_module.SCHEDULED_SECONDS + 0.1)
+    assert cluster.views()[0].inflight == 0
