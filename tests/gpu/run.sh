@@ -21,7 +21,7 @@ export PYTHONUNBUFFERED=1
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # kvferry from this checkout, installed or not
 python=${PYTHON:-python3}
 # tests/conftest.py's plugins import the router (FastAPI, OpenTelemetry...), which the GPU image lacks; these tests
-# need only the model fixtures. The transfer tests of `disaggregated` take the whole conftest (wheels carried).
+# need only the model fixtures (the CUDA transfer test of `disaggregated` too; it needs the ucxx wheels carried).
 gpu_pytest=("$python" -m pytest --noconftest -p support.models -p support.real_model)
 
 case "${1:-}" in
@@ -41,7 +41,7 @@ case "${1:-}" in
     ;;
   disaggregated)  # needs ucxx: carry .whl (see the device README) and install it before this phase
     model=/tmp/kvferry-llama-8b-shape
-    timeout 120 "$python" -m pytest tests/gpu/test_transfer_cuda.py -q -p no:cacheprovider 2>&1 | tee "$out/transfer_tests.log"
+    timeout 120 "${gpu_pytest[@]}" tests/gpu/test_transfer_cuda.py -q -p no:cacheprovider 2>&1 | tee "$out/transfer_tests.log"
     [ -f $model/config.json ] || "$python" -c "from kvferry.engine.make_model import make_model; make_model('llama', '8b-shape', '$model', dtype='bfloat16', num_shards=4, device='cuda')"
     sync
     timeout ${BENCH_TIMEOUT:-420} "$python" -m benchmarks.gpu_disaggregated --model "$model" --out "$out" 2>&1 \
