@@ -44,13 +44,17 @@ class ControlChannel:
         for _ in range(receives):  # several, so that several peers can talk at once
             self._post_receive()
 
-    def send(self, peer: str, track: Operation | None, kind: str, refresh: bool = False, **fields: Any) -> None:
+    def send(
+        self, peer: str, track: Operation | None, kind: str, refresh: bool = False, peer_address: bytes | None = None,
+        **fields: Any,
+    ) -> None:
         """Send a control message; `track` (the operation it belongs to) keeps it alive and polls it;
-        `refresh` (a new operation) asks the registry for the peer's current address first."""
+        `refresh` (a new operation) asks the registry for the peer's current address first, unless the
+        caller knows it (`peer_address`, from the peer itself, as a destination handle carries it)."""
         if self._credential is not None:
             fields["auth"] = self._credential
         message = protocol.encode(kind, sender=self._local_name, **fields)
-        request = UcxWorker.send(self._peers.endpoint(peer, refresh=refresh), message, protocol.CONTROL_TAG)
+        request = UcxWorker.send(self._peers.endpoint(peer, peer_address, refresh=refresh), message, protocol.CONTROL_TAG)
         if track is not None:
             track.requests.append(request)
             track.keep.append(message)

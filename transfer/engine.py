@@ -124,17 +124,21 @@ class TransferEngine:
         return 0
 
     def batch_transfer_write_async(
-        self, target: str, src_addrs: list[int], dst_addrs: list[int], lengths: list[int], token: str | None = None
+        self, target: str, src_addrs: list[int], dst_addrs: list[int], lengths: list[int], token: str | None = None,
+        target_address: bytes | None = None,
     ) -> Future[int]:
+        """`target_address`: the target's worker address, where the caller has it from the target itself
+        (a destination handle): the write then skips the registry lookup, a Redis round trip."""
         src, dst, sizes = merge_adjacent(*batch_columns(src_addrs, dst_addrs, lengths))
         future: Future[int] = Future()
-        self._loop.submit(lambda: self._writes.start(target, src, dst, sizes, token, future))
+        self._loop.submit(lambda: self._writes.start(target, src, dst, sizes, token, target_address, future))
         return future
 
     def batch_transfer_write(
-        self, target: str, src_addrs: list[int], dst_addrs: list[int], lengths: list[int], token: str | None = None
+        self, target: str, src_addrs: list[int], dst_addrs: list[int], lengths: list[int], token: str | None = None,
+        target_address: bytes | None = None,
     ) -> int:
-        return self.batch_transfer_write_async(target, src_addrs, dst_addrs, lengths, token).result()
+        return self.batch_transfer_write_async(target, src_addrs, dst_addrs, lengths, token, target_address).result()
 
     def batch_transfer_read_async(
         self, target: str, local_addrs: list[int], remote_addrs: list[int], lengths: list[int]

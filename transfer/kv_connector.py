@@ -69,6 +69,7 @@ class DestinationHandle:
     first_block: int
     pool: dict[str, object]
     base_address: int  # of the destination pool, to which block offsets are added
+    address: str  # the decode node's UCX worker address (hex): the write needs no registry lookup
     lease_deadline: float  # time.time() on the decode node
 
     def to_json(self) -> dict[str, object]:
@@ -138,6 +139,7 @@ class KVReceiver:
             first_block=first_block,
             pool=pool_description(self.model, self.pool),
             base_address=self.base,
+            address=self.engine.address.hex(),
             lease_deadline=time.time() + self.lease_seconds,
         )
 
@@ -255,5 +257,7 @@ class KVSender:
         src_addrs = [self.base + s * self.block_bytes for s, _, _ in runs]
         dst_addrs = [handle.base_address + d * self.block_bytes for _, d, _ in runs]
         lengths = [count * self.block_bytes for _, _, count in runs]
-        self.engine.batch_transfer_write(handle.node, src_addrs, dst_addrs, lengths, token=handle.token)
+        self.engine.batch_transfer_write(
+            handle.node, src_addrs, dst_addrs, lengths, token=handle.token, target_address=bytes.fromhex(handle.address)
+        )
         return sum(lengths)

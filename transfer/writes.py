@@ -44,7 +44,7 @@ class Writes:
         self._address = address.hex()
 
     def start(self, target: str, src: np.ndarray, dst: np.ndarray, lengths: np.ndarray, token: str | None,
-              future: Future[int]) -> None:
+              target_address: bytes | None, future: Future[int]) -> None:
         op = Operation(target, "write", time.monotonic() + self._timeout_seconds, future, step=self._step,
                        on_expiry=self._expired)
         op_id = self._ops.new_id()
@@ -56,7 +56,7 @@ class Writes:
         op.data = {"lengths": lengths, "src": src, "destinations": dst, "tag_base": new_tag_base()}
         op.payload_bytes = int(np.sum(lengths))
         self._ops.start(op_id, op, lambda: self._control.send(
-            target, op, "write", refresh=True, address=self._address, op=op_id, tag_base=op.data["tag_base"],
+            target, op, "write", refresh=True, peer_address=target_address, address=self._address, op=op_id, tag_base=op.data["tag_base"],
             ranges=protocol.pack_ranges(dst, lengths), token=token, iov=host_only, timeout=op.deadline - time.monotonic(),
         ))
 

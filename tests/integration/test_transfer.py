@@ -196,6 +196,21 @@ def test_a_known_peer_whose_record_vanished_keeps_its_last_address(redis_url, lo
         engine.handshake("nobody-by-this-name")
 
 
+def test_a_send_reaches_its_receiver_by_the_handle_without_the_registry(redis_url, local_engine, peers, request):
+    """The handle carries the receiver's worker address: the write makes no registry lookup, so it goes
+    through with the receiver's record gone (and a sender that never knew the receiver)."""
+    engine, pool = local_engine("prefill")
+    fill_random(pool, seed=8)
+    sender = KVSender(engine, pool, "tiny")
+    name = f"decode-{request.node.name}"
+    receiver = peers(name, redis_url)
+    handle = DestinationHandle.from_json(receiver.call("expect", request_id="r", block_ids=[9, 10])["handle"])
+    RedisRegistry(redis_url).remove(name)  # by name alone it is unknown now (until its next heartbeat)
+    assert sender.send_blocks("r", [2, 3], handle) == 2 * pool.block_bytes()
+    assert receiver.call("wait", request_id="r")["arrived"]
+    assert receiver.call("digest", block_ids=[9, 10])["digests"] == block_digests(pool, [2, 3])
+
+
 def test_writes_outside_a_lease_or_with_a_stale_token_are_refused(redis_url, local_engine, peers, request):
     engine, pool = local_engine("prefill")
     sender = KVSender(engine, pool, "tiny")
