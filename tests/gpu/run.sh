@@ -41,6 +41,10 @@ case "${1:-}" in
     ;;
   disaggregated)  # needs ucxx: carry .whl (see the device README) and install it before this phase
     model=/tmp/kvferry-llama-8b-shape
+    # The test's peer process runs with PYTHONPATH=tests/ alone (support/peer_process.py): a .pth makes kvferry, and
+    # nothing else of the checkout, importable for it (kvferry/__init__.py finds the component folders beside it).
+    link_dir=$(mktemp -d) && ln -s "$PWD/kvferry" "$link_dir/kvferry"
+    echo "$link_dir" > "$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kvferry-checkout.pth"
     timeout 120 "${gpu_pytest[@]}" tests/gpu/test_transfer_cuda.py -q -p no:cacheprovider 2>&1 | tee "$out/transfer_tests.log"
     [ -f $model/config.json ] || "$python" -c "from kvferry.engine.make_model import make_model; make_model('llama', '8b-shape', '$model', dtype='bfloat16', num_shards=4, device='cuda')"
     sync
