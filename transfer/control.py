@@ -54,7 +54,8 @@ class ControlChannel:
         if self._credential is not None:
             fields["auth"] = self._credential
         message = protocol.encode(kind, sender=self._local_name, **fields)
-        request = UcxWorker.send(self._peers.endpoint(peer, peer_address, refresh=refresh), message, protocol.CONTROL_TAG)
+        endpoint = self._peers.endpoint(peer, peer_address, refresh=refresh)
+        request = UcxWorker.send(endpoint, message, protocol.CONTROL_TAG)
         if track is not None:
             track.requests.append(request)
             track.keep.append(message)

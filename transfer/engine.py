@@ -124,8 +124,8 @@ class TransferEngine:
         return 0
 
     def batch_transfer_write_async(
-        self, target: str, src_addrs: list[int], dst_addrs: list[int], lengths: list[int], token: str | None = None,
-        target_address: bytes | None = None,
+        self, target: str, src_addrs: list[int], dst_addrs: list[int], lengths: list[int],
+        token: str | None = None, target_address: bytes | None = None,
     ) -> Future[int]:
         """`target_address`: the target's worker address, where the caller has it from the target itself
         (a destination handle): the write then skips the registry lookup, a Redis round trip."""
@@ -135,10 +135,11 @@ class TransferEngine:
         return future
 
     def batch_transfer_write(
-        self, target: str, src_addrs: list[int], dst_addrs: list[int], lengths: list[int], token: str | None = None,
-        target_address: bytes | None = None,
+        self, target: str, src_addrs: list[int], dst_addrs: list[int], lengths: list[int],
+        token: str | None = None, target_address: bytes | None = None,
     ) -> int:
-        return self.batch_transfer_write_async(target, src_addrs, dst_addrs, lengths, token, target_address).result()
+        future = self.batch_transfer_write_async(target, src_addrs, dst_addrs, lengths, token, target_address)
+        return future.result()
 
     def batch_transfer_read_async(
         self, target: str, local_addrs: list[int], remote_addrs: list[int], lengths: list[int]

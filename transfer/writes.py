@@ -56,8 +56,9 @@ class Writes:
         op.data = {"lengths": lengths, "src": src, "destinations": dst, "tag_base": new_tag_base()}
         op.payload_bytes = int(np.sum(lengths))
         self._ops.start(op_id, op, lambda: self._control.send(
-            target, op, "write", refresh=True, peer_address=target_address, address=self._address, op=op_id, tag_base=op.data["tag_base"],
-            ranges=protocol.pack_ranges(dst, lengths), token=token, iov=host_only, timeout=op.deadline - time.monotonic(),
+            target, op, "write", refresh=True, peer_address=target_address, address=self._address, op=op_id,
+            tag_base=op.data["tag_base"], ranges=protocol.pack_ranges(dst, lengths), token=token, iov=host_only,
+            timeout=op.deadline - time.monotonic(),
         ))
 
     def on_write_ready(self, message: protocol.ControlMessage) -> None:
