@@ -80,7 +80,7 @@ def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 def fp8_candidates() -> dict[str, Callable[..., torch.Tensor | None]]:
     """Each FP8 kernel and tiling by name: the one-row GEMV (integer widening), the weight-only GEMM, and
     cuBLAS."""
-    from kvferry.kernels.triton_fp8_gemm import Fp8GemmTiling, fp8_gemm
+    from kvferry.kernels.triton_batch_gemm import GemmTiling, batch_gemm
     from kvferry.kernels.triton_fp8_gemv import Fp8GemvTiling, fp8_gemv
 
     candidates: dict[str, Callable[..., torch.Tensor | None]] = {"scaled_mm": lambda x, w: scaled_mm(x, w)}
@@ -91,7 +91,7 @@ def fp8_candidates() -> dict[str, Callable[..., torch.Tensor | None]]:
         )
     for n, k, warps, stages in ((64, 128, 4, 4), (32, 128, 4, 4), (32, 256, 4, 3), (16, 128, 4, 4)):
         candidates[f"gemm n{n} k{k} w{warps} s{stages}"] = partial(
-            lambda x, w, tiling: fp8_gemm(x, w.data, w.scale, tiling), tiling=Fp8GemmTiling(n, k, warps, stages)
+            lambda x, w, tiling: batch_gemm(x, w.data, w.scale, tiling), tiling=GemmTiling(n, k, warps, stages)
         )
     return candidates
 

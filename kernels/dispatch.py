@@ -51,7 +51,8 @@ def use_triton(tensor: torch.Tensor) -> bool:
 
 def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear; one 16-bit row without a bias (a batch-1 decode step) takes the Triton GEMV, which
-    reads the weights faster than cuBLAS does for one row (kernels/triton_linear.py); up to a few hundred
+    reads the weights faster than cuBLAS does for one row (kernels/triton_linear.py), and a decode batch
+    of up to 64 rows the weight-streaming GEMM where the weight is large (kernels/triton_batch_gemm.py); up to a few hundred
     float32 or bfloat16 rows on the CPU (a decode batch) take prepacked weights, kvferry's C kernel or
     oneDNN's (kernels/cpu_linear.py); FP8 weights
     go to kernels/fp8_linear.py, int8 ones to kernels/int8_linear.py, int4 ones to kernels/int4_linear.py."""
@@ -63,11 +64,16 @@ def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = No
         return int4_linear.linear(x, weight, bias)
     if cpu_linear.applies(x, weight):
         return cpu_linear.linear(x, weight, bias, side(x) == "native")
-    one_row = x.dim() == 2 and x.shape[0] == 1 and bias is None and x.dtype in (torch.bfloat16, torch.float16)
-    if one_row and use_triton(x):
-        from kvferry.kernels import triton_linear
+    if x.dim() == 2 and bias is None and x.dtype in (torch.bfloat16, torch.float16) and use_triton(x):
+        from kvferry.kernels import (  # here: Triton is imported for the GPU only
+            triton_batch_gemm,
+            triton_linear,
+        )
 
-        return triton_linear.gemv(x, weight)
+        if x.shape[0] == 1:
+            return triton_linear.gemv(x, weight)
+        if triton_batch_gemm.streams_faster(x, weight):
+            return triton_batch_gemm.batch_gemm(x, weight)
     return F.linear(x, weight, bias)
 
 

@@ -4,7 +4,7 @@
   the reference the fast paths are checked against.
 - One row (batch-1 decode): the Triton GEMV of kernels/triton_fp8_gemv.py, widening the FP8 bytes with integer
   operations, its per-row scales applied once per output.
-- Up to SMALL_BATCH rows (decode batches): the weight-only Triton GEMM (kernels/triton_fp8_gemm.py), which
+- Up to triton_batch_gemm.MAX_ROWS rows (decode batches): the weight-only Triton GEMM (kernels/triton_batch_gemm.py), which
   streams each weight byte once and keeps the activations in 16 bits.
   The GEMV reads the weight as int32 words of four values: an in_features that is not a multiple of 4 (no
   model has one) takes the GEMM instead.
@@ -19,20 +19,19 @@ import torch.nn.functional as F
 
 from kvferry.kernels.fp8_weight import Fp8Weight, quantize_rows
 
-SMALL_BATCH = 64
-
 
 def linear(x: torch.Tensor, weight: Fp8Weight, bias: torch.Tensor | None, use_triton: bool) -> torch.Tensor:
     if not use_triton or x.dim() != 2 or x.dtype not in (torch.bfloat16, torch.float16):
         return F.linear(x, weight.dequantize(x.dtype), bias)
+    from kvferry.kernels import (  # here: Triton is imported for the GPU only
+        triton_batch_gemm,
+        triton_fp8_gemv,
+    )
+
     if x.shape[0] == 1 and x.shape[1] % 4 == 0:
-        from kvferry.kernels import triton_fp8_gemv
-
         out = triton_fp8_gemv.fp8_gemv(x, weight.data, weight.scale)
-    elif x.shape[0] <= SMALL_BATCH:
-        from kvferry.kernels import triton_fp8_gemm
-
-        out = triton_fp8_gemm.fp8_gemm(x, weight.data, weight.scale)
+    elif x.shape[0] <= triton_batch_gemm.MAX_ROWS:
+        out = triton_batch_gemm.batch_gemm(x, weight.data, weight.scale)
     elif x.dtype == torch.bfloat16 and x.shape[1] % 16 == 0 and weight.shape[0] % 16 == 0:
         out = scaled_mm(x, weight)
     else:  # cuBLAS's row-scaled FP8 GEMM writes bf16 only, and takes sizes in multiples of 16

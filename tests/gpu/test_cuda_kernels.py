@@ -198,3 +198,22 @@ def test_one_row_linear_matches_float32_matmul(dtype, n, k):
     assert got.dtype == dtype and got.shape == (1, n)
     torch.testing.assert_close(got.float(), want, atol=2e-3 * float(want.abs().max()), rtol=ONE_ULP[dtype]["rtol"])
 
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("rows", [2, 17, 64])
+@pytest.mark.parametrize(("n", "k"), [(28672, 4096), (4096, 14336), (32771, 1040)])  # the last ragged in N and K
+def test_decode_batch_linear_of_a_large_weight_matches_float32_matmul(dtype, rows, n, k):
+    """A decode batch times a weight large enough for the weight-streaming GEMM (kernels/triton_batch_gemm.py),
+    against a float32 matmul of the same 16-bit inputs, rounded like the output."""
+    from kvferry.kernels import dispatch as kernels
+    from kvferry.kernels.triton_batch_gemm import streams_faster
+
+    generator = _generator(n + k + rows)
+    x = random_tensor((rows, k), dtype, generator, CUDA)
+    weight = (random_tensor((n, k), dtype, generator, CUDA) * 0.02).to(dtype)
+    assert streams_faster(x, weight)
+    got = kernels.linear(x, weight)
+    want = torch.nn.functional.linear(x.float(), weight.float())
+    assert got.dtype == dtype and got.shape == (rows, n)
+    torch.testing.assert_close(got.float(), want, atol=2e-3 * float(want.abs().max()), rtol=ONE_ULP[dtype]["rtol"])

@@ -1,6 +1,6 @@
 """The FP8 kernels under the interpreter: the one-row GEMV that widens e4m3 with integer operations
 (kernels/triton_fp8_gemv.py) reads every byte value exactly, and it and the weight-only GEMM
-(kernels/triton_fp8_gemm.py) match the dequantized weight in float32, in whole and ragged tiles, for both
+(kernels/triton_batch_gemm.py) match the dequantized weight in float32, in whole and ragged tiles, for both
 16-bit activation types."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 from interpreted_kernels.cases import random_tensor
 
 from kvferry.kernels.fp8_weight import FP8_DTYPE, quantize_fp8
-from kvferry.kernels.triton_fp8_gemm import fp8_gemm
+from kvferry.kernels.triton_batch_gemm import batch_gemm
 from kvferry.kernels.triton_fp8_gemv import fp8_gemv
 
 
@@ -51,7 +51,7 @@ def test_the_gemv_matches_the_dequantized_weight(dtype, n, k):
 @pytest.mark.parametrize(("rows", "n", "k"), [(3, 70, 1040), (33, 64, 256)])  # ragged K and N, and whole tiles
 def test_the_gemm_matches_the_dequantized_weight(dtype, rows, n, k):
     weight, x, want = _weight_and_x(n, k, rows, dtype, seed=32)
-    got = fp8_gemm(x, weight.data, weight.scale)
+    got = batch_gemm(x, weight.data, weight.scale)
     assert got.dtype == dtype and got.shape == (rows, n)
     torch.testing.assert_close(got.float(), want, atol=1e-2 * float(want.abs().max()), rtol=1e-2)
 
