@@ -9,10 +9,11 @@ whatever the batch. Two weights take it:
   operations, as the one-row GEMV does (kernels/triton_fp8_gemv.py), was tried here too and measured
   slower at 8-32 rows on an H100 (up to 2.2x at 32): splitting x's tile four ways for four dots cost more
   than the conversions it saved.
-- 16-bit, for the large layers where it beats cuBLAS (`streams_faster`): measured on an H200 at 64 rows
-  (the .probe GEMM sweep of 2026-12-07, docs/gpu.md), 128-wide tiles read the 8B LM head in 255 us
-  against cuBLAS's 324, gate/up 61.5 against 64.1 and down (32-wide) 34.0 against 36.1, while cuBLAS kept
-  qkv (15.9 against 16.5) and o_proj was even.
+- 16-bit, for the large layers where it beats cuBLAS (`streams_faster`): in a one-off sweep on an H200 at
+  64 rows (2026-12-07: 162 tilings per 8B layer shape, CUDA-graph replays over 1 GiB of weight copies),
+  128-wide tiles read the LM head in 255 us against cuBLAS's 324, gate/up 61.5 against 64.1 and down
+  (32-wide) 34.0 against 36.1, while cuBLAS kept qkv (15.9 against 16.5) and o_proj was even (11.6 / 11.7).
+  Fewer rows were not swept.
 """
 
 from __future__ import annotations
