@@ -62,7 +62,13 @@ def streams_faster(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return 1 < x.shape[0] <= MAX_ROWS and weight.numel() >= STREAMED_16BIT_ELEMENTS and weight.stride(1) == 1
 
 
-@triton.jit
+# M (the batch's rows) is not specialized on: Triton would otherwise compile one variant for M divisible by 16
+# and one for the rest at each BLOCK_M, and the CUDA graphs (batches of 2, 4, 8, 16, 32, 48, 64) compile only
+# the former at 32 and 64 rows; an eager step of, say, 24 rows (the LM head of a mixed prefill step) would
+# compile mid-serving, once per process. The likely cause of a one-off stall at 1024-token prompts x 64 on an
+# H100 (2026-12-07: TTFT 1.56 s against 1.01 s in the run without this GEMM the day before, TPOT better);
+# not yet re-measured with this change.
+@triton.jit(do_not_specialize=["M"])
 def _batch_gemm_kernel(x_ptr, w_ptr, scale_ptr, out_ptr, M, N, K, stride_xm, stride_wn, stride_om, k_per_split,
                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
                        SCALED: tl.constexpr, PDL: tl.constexpr):  # fmt: skip
