@@ -8,7 +8,9 @@ their pools through UCX's CUDA transports, as tests/integration/test_disaggregat
 one process. Requests run one at a time, so each time is the request's own: TTFT is submission to the
 decode process holding the first token with the prompt's KV in place (prefill, reservation round trip,
 transfer, activation); TPOT is the decode process's time per further token. The colocated numbers come
-from the prefill process's engine serving the same requests whole.
+from the prefill process's engine serving the same requests whole. Each length's pool-to-pool rate (its KV
+over the transfer's time, at the transfer's p50 / p90 / p99) stands beside a device-to-device copy of the same
+bytes timed in the same run, bytes counted once.
 """
 
 from __future__ import annotations
@@ -176,6 +178,21 @@ def percentiles(values: list[float]) -> dict[str, float]:
     return {"p50": statistics.median(values), "p90": cuts[89], "p99": cuts[98]}
 
 
+def pool_to_pool(kv_bytes: int, samples: list[dict[str, float]]) -> dict[str, float]:
+    """The transfer's rate (the request's KV over its transfer time) beside a device-to-device copy of as many
+    bytes, measured now in this process, bytes counted once as for the transfer."""
+    from benchmarks.gpu_roofline import copy_bandwidth
+
+    copy_gb_s = copy_bandwidth(kv_bytes) / 2 / 1e9
+    transfer_ms = percentiles([s["transfer_ms"] for s in samples])
+    rates = {f"{key}_gb_s": kv_bytes / (ms / 1e3) / 1e9 for key, ms in transfer_ms.items()}
+    return {
+        "copy_gb_s": copy_gb_s,
+        **rates,
+        **{f"{key}_share_of_copy": rates[f"{key}_gb_s"] / copy_gb_s for key in transfer_ms},
+    }
+
+
 NOT_TIMES = ("kv_bytes", "runs", "src_first_block", "dst_first_block")
 
 
@@ -221,15 +238,18 @@ def main(argv: list[str] | None = None) -> int:
         ]
         disaggregated = [disaggregated_request(prefill, sender, conn, f"d{length}-{i}", p, args.output_len)
                          for i, p in enumerate(timed)]  # fmt: skip
+        kv_bytes = disaggregated[0]["kv_bytes"]
         entry = {"prompt_tokens": length, "colocated": summarize(colocated), "disaggregated": summarize(disaggregated),
-                 "kv_bytes_per_request": disaggregated[0]["kv_bytes"],
+                 "kv_bytes_per_request": kv_bytes, "pool_to_pool": pool_to_pool(kv_bytes, disaggregated),
                  "transfers": [{key: s[key] for key in ("transfer_ms", "transfer_gc_ms", *NOT_TIMES[1:])} for s in disaggregated]}  # fmt: skip
         rows.append(entry)
-        d, c = entry["disaggregated"], entry["colocated"]
+        d, c, rate = entry["disaggregated"], entry["colocated"], entry["pool_to_pool"]
         print(f"{length}-token prompts: TTFT p50 colocated {c['ttft_ms']['p50']:.1f} ms, disaggregated "
               f"{d['ttft_ms']['p50']:.1f} ms (transfer {d['transfer_ms']['p50']:.1f} ms = "
-              f"{d['transfer_share']['p50']:.1%} of TTFT, p99 {d['transfer_share']['p99']:.1%}); TPOT p50 "
-              f"{c['tpot_ms']['p50']:.2f} vs {d['tpot_ms']['p50']:.2f} ms", flush=True)  # fmt: skip
+              f"{d['transfer_share']['p50']:.1%} of TTFT, p90 {d['transfer_share']['p90']:.1%}, p99 "
+              f"{d['transfer_share']['p99']:.1%}); TPOT p50 {c['tpot_ms']['p50']:.2f} vs {d['tpot_ms']['p50']:.2f} ms; "
+              f"pool to pool {rate['p50_gb_s']:.0f} GB/s at p50 = {rate['p50_share_of_copy']:.0%} of a "
+              f"{rate['copy_gb_s']:.0f} GB/s device copy of the same bytes", flush=True)  # fmt: skip
         # Written after every length, so that a run cut off by its time limit keeps the lengths it measured.
         write_result(new_result("gpu_disaggregated", params_of(args), rows, summary=pools), output_dir(args))
     conn.send({"cmd": "quit"})
