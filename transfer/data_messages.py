@@ -3,6 +3,7 @@ how a batch of ranges travels, computed alike on both sides, and the sends and r
 
 from __future__ import annotations
 
+import ctypes
 import random
 from typing import Any
 
@@ -66,6 +67,15 @@ class DataMessages:
             buffer = self._memory.buffer(*group[0])
             op.keep.append(buffer)
             op.requests.append(UcxWorker.recv(endpoint, buffer, tag_base | offset))
+
+    def drain(self, op: Operation, ranges: list[tuple[int, int]], tag_base: int) -> None:
+        """A receive for each message of a refused write (device memory's plan), into one byte of host
+        scratch: each ends truncated, and UCX then answers the writer's send without fetching its data."""
+        scratch = bytearray(1)
+        op.keep.append(scratch)
+        address = ctypes.addressof(ctypes.c_char.from_buffer(scratch))
+        for offset, _group in self._plan(ranges, False):
+            op.requests.append(ucp_direct.recv(self._worker.handle, [(address, 1)], tag_base | offset))
 
     def _plan(self, ranges: list[tuple[int, int]], iov: bool) -> list[tuple[int, list[tuple[int, int]]]]:
         return plan_messages(ranges, iov, self._config.min_zero_copy_bytes, self._config.max_ranges_per_message)

@@ -3,7 +3,10 @@
 A write is checked against registered memory and the write guard (the KV connector's leases) before it is
 accepted; host to host, the writer then puts straight into this memory and says complete, else the data
 comes as tagged messages into receives posted here. Either way the write ends with done to the writer and
-one call of the listener, or, failed, expired or abandoned by its writer, with a call that says so.
+one call of the listener, or, failed, expired or abandoned by its writer, with a call that says so. An eager
+write's messages (writes.py) are on their way before it is checked: refused, they are drained, each into a
+receive too short for it, which UCX completes as truncated without moving the data and which releases the
+writer's send.
 """
 
 from __future__ import annotations
@@ -42,12 +45,13 @@ class Inbound:
         self._guard = guard
         self._listener = listener
         self._ops: dict[tuple[str, int], Operation] = {}
+        self._drains: list[Operation] = []  # refused eager writes' messages, until drained or past the deadline
 
     def __len__(self) -> int:
-        return len(self._ops)
+        return len(self._ops) + len(self._drains)
 
     def busy(self) -> bool:
-        return any(not op.all_completed for op in self._ops.values())
+        return any(not op.all_completed for op in self._ops.values()) or bool(self._drains)
 
     def on_write(self, message: protocol.ControlMessage) -> None:
         sender, op_id = message["sender"], message["op"]
@@ -58,9 +62,12 @@ class Inbound:
         regions, outside = self._memory.locate(addresses, lengths)
         reason = self._refusal(message["token"], ranges, outside)
         address = bytes.fromhex(message["address"])
+        eager = message.fields.get("eager", False)
         if reason is not None:
             self._stats["rejected_writes"] += 1
             self._peers.endpoint(sender, address)
+            if eager:
+                self._drain(sender, ranges, message["tag_base"])
             self._control.send(sender, None, "write_reject", op=op_id, reason=reason)
             return
         # Held no longer than the writer waits: once it gave up (and said so to its caller) the write
@@ -79,7 +86,13 @@ class Inbound:
             return
         self._data.receive(op, endpoint, ranges, message["tag_base"], False)
         self._ops[(sender, op_id)] = op
-        self._control.send(sender, None, "write_ready", op=op_id, iov=False, rkeys=[])
+        if not eager:
+            self._control.send(sender, None, "write_ready", op=op_id, iov=False, rkeys=[])
+
+    def _drain(self, sender: str, ranges: list[tuple[int, int]], tag_base: int) -> None:
+        op = Operation(sender, "drain", time.monotonic() + self._timeout_seconds)
+        self._data.drain(op, ranges, tag_base)
+        self._drains.append(op)
 
     def on_write_complete(self, message: protocol.ControlMessage) -> None:
         op = self._ops.get((message["sender"], message["op"]))
@@ -115,6 +128,7 @@ class Inbound:
     def poll(self, now: float) -> None:
         for key, op in list(self._ops.items()):
             self._settle(key, op, now)
+        self._drains = [op for op in self._drains if not _drained(op, now)]
 
     def _settle(self, key: tuple[str, int], op: Operation, now: float) -> None:
         # Past its deadline a write fails even if it has just finished: its writer gave up by then (its
@@ -143,3 +157,14 @@ class Inbound:
         self._peers.drop(op.peer)  # cancels whatever receive is still posted into our memory
         if op.kind == "inbound_write":
             self._listener(op.data["token"], op.data["ranges"], False)
+
+
+def _drained(op: Operation, now: float) -> bool:
+    """Every message of a refused eager write arrived (each receive ends truncated: expected, not an error),
+    or the writer's deadline passed, when its receives still posted are withdrawn."""
+    if all(request.completed for request in op.requests):
+        return True
+    if now > op.deadline:
+        cancel(op)
+        return True
+    return False

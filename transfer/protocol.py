@@ -42,6 +42,9 @@ SCHEMAS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "read": {"sender": str, "address": str, "op": int, "tag_base": int, "ranges": str, "iov": bool},
     "read_reject": {"sender": str, "op": int, "reason": str},
 }
+# Fields a kind may carry, checked when present: newer fields, so that a peer one version older still talks.
+# eager: the writer sent its tagged messages with the request (writes.py); the target answers no write_ready.
+OPTIONAL: dict[str, dict[str, type]] = {"write": {"eager": bool}}
 
 
 class MalformedMessage(ValueError):
@@ -85,6 +88,11 @@ def _unpack_ranges(text: str) -> np.ndarray:
     return pairs.astype(np.int64)
 
 
+def _typed(value: Any, expected: type | tuple[type, ...]) -> bool:
+    # bool is an int to Python; an int field must not take True, nor a bool field 1.
+    return isinstance(value, expected) and isinstance(value, bool) == (expected is bool)
+
+
 def decode(buffer: bytes | memoryview) -> ControlMessage:
     if len(buffer) < _LENGTH.size:
         raise MalformedMessage("shorter than its length prefix")
@@ -99,10 +107,11 @@ def decode(buffer: bytes | memoryview) -> ControlMessage:
         raise MalformedMessage(f"unknown kind {raw.get('kind') if isinstance(raw, dict) else raw!r}")
     kind = raw.pop("kind")
     for name, expected in SCHEMAS[kind].items():
-        value = raw.get(name)
-        # bool is an int to Python; an int field must not take True, nor a bool field 1.
-        if not isinstance(value, expected) or isinstance(value, bool) != (expected is bool):
+        if not _typed(raw.get(name), expected):
             raise MalformedMessage(f"{kind}: field {name!r} missing or not {expected}")
+    for name, expected in OPTIONAL.get(kind, {}).items():
+        if name in raw and not _typed(raw[name], expected):
+            raise MalformedMessage(f"{kind}: field {name!r} not {expected}")
     if "ranges" in raw:
         # As (address, length) tuples, and as columns for vectorised checks.
         pairs = _unpack_ranges(raw["ranges"])

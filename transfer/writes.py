@@ -1,10 +1,13 @@
 """The writer's side of a write: the exchange on the control tag, and its data.
 
 The writer names the destination ranges; the target checks them and answers ready, with its remote keys
-when both sides are host memory. Then the writer puts every range (puts.py), flushes and says complete,
-or, for device memory, sends tagged messages into the receives the target posted; the target confirms
-with done. A write the target accepted and the writer gave up on is aborted, so that the target ends it
-(and the lease behind it) at once.
+when both sides are host memory. Then the writer puts every range (puts.py), flushes and says complete;
+the target confirms with done. Writes from device memory go eagerly: the writer's tagged messages leave
+right behind the request, and UCX holds each at the target as a rendezvous header (no data moves) until
+the target, having checked the write, posts the receives they match; a refused write's messages the
+target drains without taking their data (inbound.py). That saves the write_ready round trip, most of a
+small write's fixed cost. A write the target accepted and the writer gave up on is aborted, so that the
+target ends it (and the lease behind it) at once.
 """
 
 from __future__ import annotations
@@ -53,24 +56,36 @@ class Writes:
             future.set_exception(TransferRejectedError(f"source range {src[outside]:#x}+{lengths[outside]} is not registered"))
             return
         host_only = not any(region.cuda for region in regions)
-        op.data = {"lengths": lengths, "src": src, "destinations": dst, "tag_base": new_tag_base()}
+        op.data = {"lengths": lengths, "src": src, "destinations": dst, "tag_base": new_tag_base(), "eager": not host_only}
         op.payload_bytes = int(np.sum(lengths))
-        self._ops.start(op_id, op, lambda: self._control.send(
-            target, op, "write", refresh=True, peer_address=target_address, address=self._address, op=op_id,
-            tag_base=op.data["tag_base"], ranges=protocol.pack_ranges(dst, lengths), token=token, iov=host_only,
-            timeout=op.deadline - time.monotonic(),
-        ))
+        self._ops.start(op_id, op, lambda: self._request(op_id, op, dst, lengths, token, target_address))
+
+    def _request(self, op_id: int, op: Operation, dst: np.ndarray, lengths: np.ndarray, token: str | None,
+                 target_address: bytes | None) -> None:
+        eager = op.data["eager"]
+        self._control.send(
+            op.peer, op, "write", refresh=True, peer_address=target_address, address=self._address, op=op_id,
+            tag_base=op.data["tag_base"], ranges=protocol.pack_ranges(dst, lengths), token=token, iov=not eager,
+            timeout=op.deadline - time.monotonic(), eager=eager,
+        )
+        if eager:
+            self._send_messages(op, iov=False)
 
     def on_write_ready(self, message: protocol.ControlMessage) -> None:
+        # An eager write is "sending" already, so a target that predates eager writes, and answers ready
+        # anyway, has its ready counted as a duplicate here and the write goes on.
         op = self._ops.expect(message, "write", "requested")
         if op is None:
             return
-        endpoint = self._peers.endpoint(op.peer)
         if message["rkeys"]:
-            self._puts.start(op, endpoint, message["rkeys"])
+            self._puts.start(op, self._peers.endpoint(op.peer), message["rkeys"])
+            op.state = "sending"
         else:
-            sources = list(zip(op.data["src"].tolist(), op.data["lengths"].tolist(), strict=True))
-            self._data.send(op, endpoint, sources, op.data["tag_base"], message["iov"])
+            self._send_messages(op, message["iov"])
+
+    def _send_messages(self, op: Operation, iov: bool) -> None:
+        sources = list(zip(op.data["src"].tolist(), op.data["lengths"].tolist(), strict=True))
+        self._data.send(op, self._peers.endpoint(op.peer), sources, op.data["tag_base"], iov)
         op.state = "sending"
 
     def on_write_done(self, message: protocol.ControlMessage) -> None:
@@ -81,7 +96,10 @@ class Writes:
             op.state = "confirmed"
 
     def on_write_reject(self, message: protocol.ControlMessage) -> None:
-        op = self._ops.expect(message, "write", "requested")
+        op = self._ops.get(message["op"])
+        # An eager write is refused while its messages are out (the target drains them).
+        state = "sending" if op is not None and op.data.get("eager") else "requested"
+        op = self._ops.expect(message, "write", state)
         if op is not None:
             self._ops.pop(message["op"])
             fail(op, TransferRejectedError(f"{op.peer} refused the write: {message['reason']}"))

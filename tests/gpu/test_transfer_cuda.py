@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import torch
@@ -10,6 +11,7 @@ from support.peer_process import PeerProcess
 from support.transfer_peer import block_digests, fill_random, make_pool
 
 from kvferry.transfer import TransferEngine
+from kvferry.transfer.errors import TransferRejectedError
 from kvferry.transfer.kv_connector import DestinationHandle, KVSender, pool_description
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -32,6 +34,40 @@ def test_cuda_blocks_arrive_byte_identical(tmp_path, dtype):
         sender.send_blocks("g", src, handle)
         assert receiver.call("wait", request_id="g")["arrived"]
         assert receiver.call("digest", block_ids=dst)["digests"] == block_digests(pool, src)
+    finally:
+        receiver.close()
+        engine.close()
+
+
+def test_refused_eager_cuda_writes_are_drained_and_the_next_write_lands(tmp_path):
+    """A write from device memory sends its messages with the request (eager): refused, the target drains
+    them without taking their data, so its blocks keep what they held, and nothing is left in flight."""
+    registry = f"file://{tmp_path}"
+    pool = make_pool("bfloat16", 64, device="cuda")
+    fill_random(pool, seed=3)
+    engine = TransferEngine()
+    engine.initialize("prefill-gpu", registry, "ucx", pool=pool_description("tiny", pool))
+    receiver = PeerProcess("decode-gpu", registry, dtype="bfloat16", num_blocks=64, device="cuda")
+    try:
+        sender = KVSender(engine, pool, "tiny")
+        handle = DestinationHandle.from_json(receiver.call("expect", request_id="a", block_ids=[20, 21])["handle"])
+        outside = DestinationHandle.from_json({**handle.to_json(), "block_ids": [22, 23]})
+        with pytest.raises(TransferRejectedError, match="outside the blocks reserved"):
+            sender.send_blocks("a", [5, 6], outside)
+        sender.send_blocks("a", [1, 2], handle)
+        assert receiver.call("wait", request_id="a")["arrived"]
+        with pytest.raises(TransferRejectedError, match="lease token"):  # the lease completed: a replay is stale
+            sender.send_blocks("a", [3, 4], handle)
+        handle = DestinationHandle.from_json(receiver.call("expect", request_id="b", block_ids=[30, 31])["handle"])
+        sender.send_blocks("b", [7, 8], handle)
+        assert receiver.call("wait", request_id="b")["arrived"]
+        digests = receiver.call("digest", block_ids=[20, 21, 30, 31])["digests"]
+        assert digests == block_digests(pool, [1, 2, 7, 8])
+        deadline = time.monotonic() + 5
+        while (stats := receiver.call("stats")["stats"])["in_flight"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert stats["rejected_writes"] == 2
+        assert stats["in_flight"] == 0 and engine.in_flight() == 0
     finally:
         receiver.close()
         engine.close()

@@ -238,7 +238,10 @@ def test_malformed_and_duplicate_control_messages_do_no_harm(redis_url, local_en
     receiver = peers(name, redis_url)
     raw = UcxWorker()
     endpoint = raw.connect(bytes.fromhex(str(engine.registry.lookup(name)["address"])))
-    garbage = [b"\x00\x00", b"\xff\xff\xff\x00{", protocol.encode("write", sender="x"), b"\x05\x00\x00\x00[1,2]"]
+    # ... and a write whole but for an optional field of the wrong type.
+    mistyped = protocol.encode("write", sender="x", address="00", op=1, tag_base=0, ranges="", token=None, iov=False,
+                               timeout=1.0, eager=1)  # fmt: skip
+    garbage = [b"\x00\x00", b"\xff\xff\xff\x00{", protocol.encode("write", sender="x"), b"\x05\x00\x00\x00[1,2]", mistyped]
     requests = [UcxWorker.send(endpoint, message, protocol.CONTROL_TAG) for message in garbage]
     # A reply that matches no operation of the receiver (a duplicate or forged write_done).
     requests.append(UcxWorker.send(endpoint, protocol.encode("write_done", sender="x", op=12345), protocol.CONTROL_TAG))
@@ -247,7 +250,7 @@ def test_malformed_and_duplicate_control_messages_do_no_harm(redis_url, local_en
         raw.progress()
     time.sleep(0.3)
     stats = receiver.call("stats")["stats"]
-    assert stats["malformed_messages"] == 4
+    assert stats["malformed_messages"] == 5
     assert stats["duplicate_messages"] == 1
     sender = KVSender(engine, pool, "tiny")  # and the peer still works
     handle = DestinationHandle.from_json(receiver.call("expect", request_id="after", block_ids=[9])["handle"])
