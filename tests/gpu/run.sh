@@ -5,8 +5,9 @@
 #   bash tests/gpu/run.sh bench   # python -m benchmarks.kernels --tune
 #   bash tests/gpu/run.sh serving # engine tests (float32 parity with CUDA graphs, memory fraction), then
 #                                 # benchmarks/gpu_serving.py on an 8B-shaped checkpoint made on the GPU
-#   bash tests/gpu/run.sh disaggregated  # CUDA transfer test, then benchmarks/gpu_disaggregated.py (P and D
-#                                        # processes on the one GPU); needs the ucxx wheels installed
+#   bash tests/gpu/run.sh disaggregated  # CUDA transfer tests, benchmarks/transfer_cuda.py (pool to pool, bare
+#                                        # pools), then benchmarks/gpu_disaggregated.py (P and D processes on
+#                                        # the one GPU); needs the ucxx wheels installed
 #   bash tests/gpu/run.sh profile # benchmarks/gpu_decode_profile.py on the same checkpoint
 #   bash tests/gpu/run.sh fp8     # the FP8 and decode-attention kernel tests, then benchmarks/gpu_fp8.py (the
 #                                 # kernel table per shape, then the 8B shape served in bf16 and FP8)
@@ -46,6 +47,7 @@ case "${1:-}" in
     link_dir=$(mktemp -d) && ln -s "$PWD/kvferry" "$link_dir/kvferry"
     echo "$link_dir" > "$("$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/kvferry-checkout.pth"
     timeout 120 "${gpu_pytest[@]}" tests/gpu/test_transfer_cuda.py -q -p no:cacheprovider 2>&1 | tee "$out/transfer_tests.log"
+    timeout 120 "$python" -m benchmarks.transfer_cuda --out "$out" 2>&1 | grep -v "UCX  WARN" | tee "$out/transfer_cuda.log"
     [ -f $model/config.json ] || "$python" -c "from kvferry.engine.make_model import make_model; make_model('llama', '8b-shape', '$model', dtype='bfloat16', num_shards=4, device='cuda')"
     sync
     timeout ${BENCH_TIMEOUT:-420} "$python" -m benchmarks.gpu_disaggregated --model "$model" --out "$out" 2>&1 \

@@ -37,6 +37,17 @@ pytest_plugins = ["support.transfer_fixtures"]  # local_engine, peers
 
 def test_coalescing_pairs_runs_contiguous_on_both_sides():
     assert coalesce_block_runs([4, 5, 6, 9, 10], [20, 21, 30, 31, 32]) == [(4, 20, 2), (6, 30, 1), (9, 31, 2)]
+    assert coalesce_block_runs([], []) == []
+    rng = random.Random(5)
+    for _ in range(300):  # runs give back every pair in order, and no two neighbouring runs could be one
+        n = rng.randrange(1, 60)
+        src = [i if rng.random() < 0.8 else rng.randrange(200) for i in range(n)]
+        dst = [i + 7 if rng.random() < 0.8 else rng.randrange(200) for i in range(n)]
+        runs = coalesce_block_runs(src, dst)
+        assert [(s + k, d + k) for s, d, count in runs for k in range(count)] == list(zip(src, dst, strict=True))
+        assert not any(a[0] + a[2] == b[0] and a[1] + a[2] == b[1] for a, b in zip(runs, runs[1:], strict=False))
+    with pytest.raises(ValueError, match="3 source blocks for 2"):
+        coalesce_block_runs([1, 2, 3], [1, 2])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
