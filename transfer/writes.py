@@ -5,8 +5,8 @@ when both sides are host memory. Then the writer puts every range (puts.py), flu
 the target confirms with done. Writes from device memory go eagerly: the writer's tagged messages leave
 right behind the request, and UCX holds each at the target as a rendezvous header (no data moves) until
 the target, having checked the write, posts the receives they match; a refused write's messages the
-target drains without taking their data (inbound.py). That saves the write_ready round trip, most of a
-small write's fixed cost. A write the target accepted and the writer gave up on is aborted, so that the
+target drains without taking their data (inbound.py). That saves the write_ready round trip: about a
+tenth of a 128 MiB write's time on an H100 (docs/transfer.md). A write the target accepted and the writer gave up on is aborted, so that the
 target ends it (and the lease behind it) at once.
 """
 
