@@ -85,7 +85,8 @@ def run_kvferry_case(engine: LLMEngine, prompt_ids: list[list[int]], output_len:
 def graph_replay_ms(engine: LLMEngine, size: int, context: int = 1152) -> float | None:
     """GPU time of one decode step's graph at `size` rows of `context` tokens, on inputs written here (the
     last step's may be laid out for another size: the graphs share one input buffer). Its rows read
-    blocks 1, 2, ... (whatever they hold) and write their new token's KV into the null block."""
+    blocks 1, 2, ... (whatever they hold; every row the same ones, so most of their KV comes from L2) and
+    write their new token's KV into the null block."""
     from kvferry.engine.cuda_graphs import CONTEXT_LEN, POSITION, SLOT, TOKEN
     from kvferry.kvcache.allocator import NULL_BLOCK_ID
 
