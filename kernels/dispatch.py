@@ -52,10 +52,10 @@ def use_triton(tensor: torch.Tensor) -> bool:
 def linear(x: torch.Tensor, weight: LinearWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear; one 16-bit row without a bias (a batch-1 decode step) takes the Triton GEMV, which
     reads the weights faster than cuBLAS does for one row (kernels/triton_linear.py), and a decode batch
-    of up to 64 rows the weight-streaming GEMM where the weight is large (kernels/triton_batch_gemm.py); up to a few hundred
-    float32 or bfloat16 rows on the CPU (a decode batch) take prepacked weights, kvferry's C kernel or
-    oneDNN's (kernels/cpu_linear.py); FP8 weights
-    go to kernels/fp8_linear.py, int8 ones to kernels/int8_linear.py, int4 ones to kernels/int4_linear.py."""
+    of up to 64 rows the weight-streaming GEMM where the weight is large (kernels/triton_batch_gemm.py);
+    up to a few hundred float32 or bfloat16 rows on the CPU (a decode batch) take prepacked weights,
+    kvferry's C kernel or oneDNN's (kernels/cpu_linear.py); FP8 weights go to kernels/fp8_linear.py, int8
+    ones to kernels/int8_linear.py, int4 ones to kernels/int4_linear.py."""
     if isinstance(weight, Fp8Weight):
         return fp8_linear.linear(x, weight, bias, use_triton(x))
     if isinstance(weight, Int8Weight):

@@ -4,8 +4,8 @@
   the reference the fast paths are checked against.
 - One row (batch-1 decode): the Triton GEMV of kernels/triton_fp8_gemv.py, widening the FP8 bytes with integer
   operations, its per-row scales applied once per output.
-- Up to triton_batch_gemm.MAX_ROWS rows (decode batches): the weight-only Triton GEMM (kernels/triton_batch_gemm.py), which
-  streams each weight byte once and keeps the activations in 16 bits.
+- Up to triton_batch_gemm.MAX_ROWS rows (decode batches): the weight-only Triton GEMM
+  (kernels/triton_batch_gemm.py), which streams each weight byte once and keeps the activations in 16 bits.
   The GEMV reads the weight as int32 words of four values: an in_features that is not a multiple of 4 (no
   model has one) takes the GEMM instead.
 - More rows (prefill): cuBLAS's FP8 GEMM (`torch._scaled_mm`) on activations quantized per token, where the

@@ -6,8 +6,8 @@ the target confirms with done. Writes from device memory go eagerly: the writer'
 right behind the request, and UCX holds each at the target as a rendezvous header (no data moves) until
 the target, having checked the write, posts the receives they match; a refused write's messages the
 target drains without taking their data (inbound.py). That saves the write_ready round trip: about a
-tenth of a 128 MiB write's time on an H100 (docs/transfer.md). A write the target accepted and the writer gave up on is aborted, so that the
-target ends it (and the lease behind it) at once.
+tenth of a 128 MiB write's time on an H100 (docs/transfer.md). A write the target accepted and the writer
+gave up on is aborted, so that the target ends it (and the lease behind it) at once.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ class Writes:
             future.set_exception(TransferRejectedError(f"source range {src[outside]:#x}+{lengths[outside]} is not registered"))
             return
         host_only = not any(region.cuda for region in regions)
-        op.data = {"lengths": lengths, "src": src, "destinations": dst, "tag_base": new_tag_base(), "eager": not host_only}
+        op.data = {"lengths": lengths, "src": src, "destinations": dst, "tag_base": new_tag_base(),
+                   "eager": not host_only}
         op.payload_bytes = int(np.sum(lengths))
         self._ops.start(op_id, op, lambda: self._request(op_id, op, dst, lengths, token, target_address))
 
