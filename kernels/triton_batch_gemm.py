@@ -40,7 +40,7 @@ class GemmTiling:
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 4
-    split_k: bool = True  # split K until the grid has about two programs per multiprocessor
+    programs_per_sm: int = 2  # split K until the grid has about this many programs per multiprocessor; 0: never
 
 
 def fp8_tiling(rows: int) -> GemmTiling:
@@ -53,8 +53,8 @@ def tiling_16bit(n: int) -> GemmTiling:
     """The H200 sweep's best at 64 rows: 128-wide tiles where N is large (gate/up, the LM head), 32-wide
     with six stages where it is not (down: 128 programs, about one per multiprocessor); no split in either."""
     if n >= 16384:
-        return GemmTiling(block_n=128, num_stages=4, split_k=False)
-    return GemmTiling(block_n=32, num_stages=6, split_k=False)
+        return GemmTiling(block_n=128, num_stages=4, programs_per_sm=0)
+    return GemmTiling(block_n=32, num_stages=6, programs_per_sm=0)
 
 
 def streams_faster(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -113,8 +113,8 @@ def batch_gemm(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None
     block_m = max(16, triton.next_power_of_2(m))
     programs_n = triton.cdiv(n, tiling.block_n)
     split_k = 1
-    if tiling.split_k:  # each span a whole number of tiles
-        wanted = max(1, 2 * device_multiprocessors(x.device) // programs_n)
+    if tiling.programs_per_sm:  # each span a whole number of tiles
+        wanted = max(1, tiling.programs_per_sm * device_multiprocessors(x.device) // programs_n)
         split_k = max(1, min(wanted, k // (4 * tiling.block_k)))
     k_per_split = triton.cdiv(triton.cdiv(k, split_k), tiling.block_k) * tiling.block_k
     split_k = triton.cdiv(k, k_per_split)

@@ -15,13 +15,13 @@ from kvferry.kernels.triton_batch_gemm import GemmTiling, batch_gemm
 
 # Ragged K and N, whole tiles, and one program's worth of N: the interpreter counts as one multiprocessor, so
 # only that last case splits K (in two) where splitting is allowed.
-@pytest.mark.parametrize("split_k", [False, True], ids=["whole K", "split K"])
+@pytest.mark.parametrize("programs_per_sm", [0, 2], ids=["whole K", "split K"])
 @pytest.mark.parametrize(("rows", "n", "k"), [(3, 70, 1040), (33, 64, 256), (5, 20, 1040)])
-def test_the_16_bit_gemm_matches_float32_matmul(split_k, rows, n, k):
+def test_the_16_bit_gemm_matches_float32_matmul(programs_per_sm, rows, n, k):
     generator = torch.Generator().manual_seed(rows + n)
     x = random_tensor((rows, k), torch.float16, generator)
     weight = (random_tensor((n, k), torch.float16, generator) * 0.05).to(torch.float16)
-    got = batch_gemm(x, weight, tiling=GemmTiling(block_n=32, split_k=split_k))
+    got = batch_gemm(x, weight, tiling=GemmTiling(block_n=32, programs_per_sm=programs_per_sm))
     want = torch.nn.functional.linear(x.float(), weight.float())
     assert got.dtype == torch.float16 and got.shape == (rows, n)
     torch.testing.assert_close(got.float(), want, atol=2e-3 * float(want.abs().max()), rtol=1e-2)
