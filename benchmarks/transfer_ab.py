@@ -11,6 +11,8 @@ made benchmarks a package on, the peer's code too (an older tree runs this check
 
     .venv/bin/python -m benchmarks.transfer_ab --variant before=HEAD~2 --variant now=. --rounds 4
     .venv/bin/python -m benchmarks.transfer_ab --variant now=. --variant seg2m=.:UCX_CMA_SEG_SIZE=2M
+    .venv/bin/python -m benchmarks.transfer_ab --variant before=HEAD --variant now=. --batch-bytes 1048576 \
+        --block-sizes 16384,65536,1048576 --rounds 6 --runs 40   # a write's fixed cost (1 MiB batches)
 """
 
 from __future__ import annotations
@@ -99,10 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--block-sizes", default=",".join(str(b) for b in BLOCK_SIZES))
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--runs", type=int, default=8, help="timed batches per variant, size and round")
+    parser.add_argument("--batch-bytes", type=int, default=64 * MiB,
+                        help="bytes a batch writes (at most 64 MiB); small batches time a write's fixed cost")
     args = parser.parse_args(argv)
+    if not 0 < args.batch_bytes <= 64 * MiB:
+        parser.error("--batch-bytes must be between 1 and 64 MiB")
     sizes = [int(b) for b in args.block_sizes.split(",")]
     source = source_bytes(64 * MiB)
-    batches = {size: batch_for(size, 64 * MiB) for size in sizes}
+    batches = {size: batch_for(size, args.batch_bytes) for size in sizes}
     expected = {size: digest(expected_image(source, batch), batch.nbytes) for size, batch in batches.items()}
     load_at_start = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="kvferry-transfer-ab-") as scratch:
@@ -137,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{size // 1024:5d} KiB {name:10s} median {row['gbps_median']:5.2f} GB/s  /{first} per round "
                   f"{' '.join(f'{r:.2f}' for r in ratios)} (median {row['gbps_over_baseline_median']:.2f})  "
                   f"CPU per batch {row['writer_cpu_ms_per_batch']:.1f} + {row['target_cpu_ms_per_batch']:.1f} ms")  # fmt: skip
-    params = {"variants": args.variant, "block_sizes": sizes, "rounds": args.rounds, "runs": args.runs}
+    params = {"variants": args.variant, "block_sizes": sizes, "batch_bytes": args.batch_bytes, "rounds": args.rounds,
+              "runs": args.runs}
     load_avg = {"start": list(load_at_start), "end": list(os.getloadavg())}
     result = new_result(
         "transfer_ab", params, rows, baseline=first, environment={**environment(), "load_avg": load_avg}

@@ -70,7 +70,7 @@ class TransferEngine:
         self.local_name = ""
         self.worker: UcxWorker | None = None
         self._closing = threading.Event()
-        self._loop = EngineLoop(self._closing, self.config.idle_wait_ms)
+        self._loop = EngineLoop(self._closing, self.config.idle_wait_ms, self.config.reply_spin_us)
         self._record: RecordPublisher | None = None
 
     # ---- Mooncake-shaped API ----------------------------------------------------------------
@@ -86,7 +86,7 @@ class TransferEngine:
         self._record = RecordPublisher(self.registry, local_name, self.address, self.config.heartbeat_seconds, self._closing)
         self._record.start(record)
         self._wire(worker)
-        self._loop.start(f"kvferry-transfer-{local_name}", worker, self._turn, self._finish)
+        self._loop.start(f"kvferry-transfer-{local_name}", worker, self._turn, self._awaiting_reply, self._finish)
         return 0
 
     def publish(self, **record: object) -> None:
@@ -206,6 +206,9 @@ class TransferEngine:
         self._outbound.poll(now)
         self._inbound.poll(now)
         return self._outbound.busy() or self._inbound.busy()
+
+    def _awaiting_reply(self) -> bool:
+        return len(self._outbound) > 0
 
     def _finish(self) -> None:
         self._outbound.fail_all(TransferError("transfer engine closed"))

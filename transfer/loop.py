@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 
@@ -40,9 +41,10 @@ def turn_safely(turn: Callable[[], bool]) -> bool:
 
 
 class EngineLoop:
-    def __init__(self, closing: threading.Event, idle_wait_ms: int) -> None:
+    def __init__(self, closing: threading.Event, idle_wait_ms: int, reply_spin_us: int = 0) -> None:
         self._closing = closing
         self._idle_wait_ms = idle_wait_ms
+        self._reply_spin_s = reply_spin_us / 1e6
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._worker: UcxWorker | None = None
         self._thread: threading.Thread | None = None
@@ -51,10 +53,15 @@ class EngineLoop:
     def started(self) -> bool:
         return self._thread is not None
 
-    def start(self, name: str, worker: UcxWorker, turn: Callable[[], bool], finish: Callable[[], None]) -> None:
-        """`turn` runs once per loop and says whether requests of ours are in flight; `finish` once at the end."""
+    def start(
+        self, name: str, worker: UcxWorker, turn: Callable[[], bool], awaiting_reply: Callable[[], bool],
+        finish: Callable[[], None],
+    ) -> None:
+        """`turn` runs once per loop and says whether requests of ours are in flight; `awaiting_reply` whether
+        an operation of ours waits for a peer's answer; `finish` runs once at the end."""
         self._worker = worker
-        self._thread = threading.Thread(target=self._run, args=(worker, turn, finish), name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(worker, turn, awaiting_reply, finish), name=name,
+                                        daemon=True)  # fmt: skip
         self._thread.start()
 
     def submit(self, command: Callable[[], None]) -> None:
@@ -86,12 +93,21 @@ class EngineLoop:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def _run(self, worker: UcxWorker, turn: Callable[[], bool], finish: Callable[[], None]) -> None:
+    def _run(
+        self, worker: UcxWorker, turn: Callable[[], bool], awaiting_reply: Callable[[], bool], finish: Callable[[], None]
+    ) -> None:
+        last_busy = 0.0
         while not self._closing.is_set():
             while not self._commands.empty():
                 run_safely(self._commands.get())
             if turn_safely(turn) or not self._commands.empty():
                 worker.progress()  # our requests in flight move only while this thread progresses
+                last_busy = time.monotonic()
+            elif time.monotonic() - last_busy < self._reply_spin_s and awaiting_reply():
+                # A reply is due soon after our last request completed (a write's write_done): polled
+                # for, a while, so that it is handled as it lands rather than after a wake from epoll.
+                # Bounded from the last busy turn, so a peer that never answers costs no more.
+                worker.progress()
             else:
                 # Only a peer's message (a reply, a write) or a command can come next: sleep in epoll
                 # until it does. A message wakes it over shared memory too (UCX signals an armed
