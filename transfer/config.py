@@ -22,7 +22,7 @@ class TransferConfig:
     # While an operation of ours awaits a peer's reply (a write its write_done), the loop keeps progressing
     # the worker for up to this long after its last request completed instead of sleeping in epoll: the
     # reply is then taken as it arrives, not after the kernel has woken the thread. Host writes between two
-    # processes on 2 cores: 1.03 -> 0.78 ms each at 64 KiB (docs/transfer.md). 0: sleep at once.
+    # processes on 2 cores: 0.98 -> 0.82 ms a 64 KiB write (docs/transfer.md, item 11). 0: sleep at once.
     reply_spin_us: int = 500
     # Segments (512 KiB at most) UCX's CMA transport may copy per worker progress call (its
     # CMA_TX_QUOTA, default 1): with 1, every put of a batch costs one turn of the engine loop (tens of

@@ -41,7 +41,7 @@ def turn_safely(turn: Callable[[], bool]) -> bool:
 
 
 class EngineLoop:
-    def __init__(self, closing: threading.Event, idle_wait_ms: int, reply_spin_us: int = 0) -> None:
+    def __init__(self, closing: threading.Event, idle_wait_ms: int, reply_spin_us: int) -> None:
         self._closing = closing
         self._idle_wait_ms = idle_wait_ms
         self._reply_spin_s = reply_spin_us / 1e6
