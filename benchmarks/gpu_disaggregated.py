@@ -11,6 +11,11 @@ transfer, activation); TPOT is the decode process's time per further token. The 
 from the prefill process's engine serving the same requests whole. Each length's pool-to-pool rate (its KV
 over the transfer's time, at the transfer's p50 / p90 / p99) stands beside a device-to-device copy of the same
 bytes timed in the same run, bytes counted once.
+
+Disaggregated requests go as a prefill node serves them: blocks reserved on the decode side first (the
+router's order), the write prepared before the prefill (KVSender.prepare), its data sent once the KV exists.
+Interleaved with them, the same requests with the write requested only after the prefill
+(`disaggregated_unprepared`, the code before prepared writes), so that the two compare within one run.
 """
 
 from __future__ import annotations
@@ -133,18 +138,19 @@ GC_CLOCK = GcClock()
 
 
 def disaggregated_request(
-    engine, sender, conn, request_id: str, prompt: list[int], output_len: int
+    engine, sender, conn, request_id: str, prompt: list[int], output_len: int, prepare: bool
 ) -> dict[str, float]:
     from kvferry.transfer.kv_connector import DestinationHandle, coalesce_block_runs
 
     started = time.monotonic()
-    first = _prefill(engine, request_id, prompt)
-    prefilled = time.monotonic()
     conn.send({"cmd": "reserve", "request_id": request_id, "prompt": prompt, "max_tokens": output_len})
     handle = DestinationHandle.from_json(conn.recv()["handle"])
     reserved = time.monotonic()
+    prepared = sender.prepare(handle) if prepare else None
+    first = _prefill(engine, request_id, prompt)
+    prefilled = time.monotonic()
     gc_before = GC_CLOCK.total_s
-    sent = sender.send_blocks(request_id, first.kv_block_ids, handle)
+    sent = sender.send_blocks(request_id, first.kv_block_ids, handle, prepared)
     transferred = time.monotonic()
     runs = coalesce_block_runs(first.kv_block_ids[handle.first_block :], handle.block_ids)
     engine.release_kv(request_id)
@@ -153,8 +159,8 @@ def disaggregated_request(
     assert decoded["arrived"] and decoded["tokens"] == output_len, decoded
     ttft = decoded["first_token_at"] - started
     return {"ttft_ms": 1e3 * ttft, "tpot_ms": 1e3 * (decoded["done_at"] - decoded["first_token_at"]) / (output_len - 1),
-            "prefill_ms": 1e3 * (prefilled - started), "reserve_ms": 1e3 * (reserved - prefilled),
-            "transfer_ms": 1e3 * (transferred - reserved), "transfer_share": (transferred - reserved) / ttft,
+            "reserve_ms": 1e3 * (reserved - started), "prefill_ms": 1e3 * (prefilled - reserved),
+            "transfer_ms": 1e3 * (transferred - prefilled), "transfer_share": (transferred - prefilled) / ttft,
             "kv_bytes": sent, "transfer_gc_ms": 1e3 * (GC_CLOCK.total_s - gc_before), "runs": len(runs),
             "src_first_block": runs[0][0], "dst_first_block": runs[0][1]}  # fmt: skip
 
@@ -232,24 +238,33 @@ def main(argv: list[str] | None = None) -> int:
         warm, timed = prompts[:2], prompts[2:]
         for i, prompt in enumerate(warm):  # compiles this length's prefill shapes in both processes
             colocated_request(prefill, f"warm-c{length}-{i}", prompt, 4)
-            disaggregated_request(prefill, sender, conn, f"warm-d{length}-{i}", prompt, 4)
+            for prepare in (True, False):
+                disaggregated_request(prefill, sender, conn, f"warm-d{length}-{i}-{prepare}", prompt, 4, prepare)
         colocated = [
             colocated_request(prefill, f"c{length}-{i}", p, args.output_len) for i, p in enumerate(timed)
         ]
-        disaggregated = [disaggregated_request(prefill, sender, conn, f"d{length}-{i}", p, args.output_len)
-                         for i, p in enumerate(timed)]  # fmt: skip
-        kv_bytes = disaggregated[0]["kv_bytes"]
-        entry = {"prompt_tokens": length, "colocated": summarize(colocated), "disaggregated": summarize(disaggregated),
-                 "kv_bytes_per_request": kv_bytes, "pool_to_pool": pool_to_pool(kv_bytes, disaggregated),
-                 "transfers": [{key: s[key] for key in ("transfer_ms", "transfer_gc_ms", *NOT_TIMES[1:])} for s in disaggregated]}  # fmt: skip
+        modes: dict[str, list[dict[str, float]]] = {"disaggregated": [], "disaggregated_unprepared": []}
+        for i, p in enumerate(timed):  # interleaved, the order swapped on odd requests
+            for mode in list(modes)[:: 1 if i % 2 == 0 else -1]:
+                modes[mode].append(disaggregated_request(prefill, sender, conn, f"{mode}{length}-{i}", p,
+                                                         args.output_len, mode == "disaggregated"))  # fmt: skip
+        kv_bytes = modes["disaggregated"][0]["kv_bytes"]
+        entry = {"prompt_tokens": length, "colocated": summarize(colocated), "kv_bytes_per_request": kv_bytes}
+        for mode, samples in modes.items():
+            entry[mode] = summarize(samples)
+            entry[f"{mode}_pool_to_pool"] = pool_to_pool(kv_bytes, samples)
+            entry[f"{mode}_transfers"] = [{key: s[key] for key in ("transfer_ms", "transfer_gc_ms", *NOT_TIMES[1:])}
+                                          for s in samples]  # fmt: skip
         rows.append(entry)
-        d, c, rate = entry["disaggregated"], entry["colocated"], entry["pool_to_pool"]
-        print(f"{length}-token prompts: TTFT p50 colocated {c['ttft_ms']['p50']:.1f} ms, disaggregated "
-              f"{d['ttft_ms']['p50']:.1f} ms (transfer {d['transfer_ms']['p50']:.1f} ms = "
-              f"{d['transfer_share']['p50']:.1%} of TTFT, p90 {d['transfer_share']['p90']:.1%}, p99 "
-              f"{d['transfer_share']['p99']:.1%}); TPOT p50 {c['tpot_ms']['p50']:.2f} vs {d['tpot_ms']['p50']:.2f} ms; "
-              f"pool to pool {rate['p50_gb_s']:.0f} GB/s at p50 = {rate['p50_share_of_copy']:.0%} of a "
-              f"{rate['copy_gb_s']:.0f} GB/s device copy of the same bytes", flush=True)  # fmt: skip
+        c = entry["colocated"]
+        for mode in modes:
+            d, rate = entry[mode], entry[f"{mode}_pool_to_pool"]
+            print(f"{length}-token prompts: TTFT p50 colocated {c['ttft_ms']['p50']:.1f} ms, {mode} "
+                  f"{d['ttft_ms']['p50']:.1f} ms (transfer {d['transfer_ms']['p50']:.2f} / {d['transfer_ms']['p90']:.2f} "
+                  f"ms p50 / p90 = {d['transfer_share']['p50']:.1%} of TTFT, p90 {d['transfer_share']['p90']:.1%}, p99 "
+                  f"{d['transfer_share']['p99']:.1%}); TPOT p50 {c['tpot_ms']['p50']:.2f} vs {d['tpot_ms']['p50']:.2f} ms; "
+                  f"pool to pool {rate['p50_gb_s']:.0f} GB/s at p50 = {rate['p50_share_of_copy']:.0%} of a "
+                  f"{rate['copy_gb_s']:.0f} GB/s device copy of the same bytes", flush=True)  # fmt: skip
         # Written after every length, so that a run cut off by its time limit keeps the lengths it measured.
         write_result(new_result("gpu_disaggregated", params_of(args), rows, summary=pools), output_dir(args))
     conn.send({"cmd": "quit"})

@@ -1,8 +1,13 @@
 """The prefill side of the KV connector: one owner for a request's KV from its prefill to its release.
 
-    prefill (blocks held after the prompt's step) -> send the blocks the decode node lacks into its lease
-    -> release the blocks (sent or failed)            | abort: before the send, nothing is sent;
-                                                        on the wire, honoured when the transfer ends.
+    prepare the write into the lease -> prefill (blocks held after the prompt's step) -> send the blocks the
+    decode node lacks into its lease -> release the blocks (sent or failed)
+                                                      | abort: before the send, nothing is sent (the
+                                                        prepared write withdrawn); on the wire, honoured
+                                                        when the transfer ends.
+
+The write is prepared before the prefill so that the decode node checks it and readies its memory while
+the KV is computed: once it exists the data leaves at once (transfer/prepared_write.py).
 
 An abort must not free blocks UCX is still reading from, so while a request's KV is on the wire its
 abort only marks it; the blocks are released when the transfer ends (within the transfer timeout). The
@@ -65,12 +70,19 @@ class PrefillConnector:
     async def _prefill_and_send(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                                 handle: DestinationHandle) -> PrefillResult:
         started = time.perf_counter()
-        final = await self._prefill(request_id, prompt_ids, params)
+        prepared = self.sender.prepare(handle)  # a layout mismatch is refused here, before any compute
+        try:
+            final = await self._prefill(request_id, prompt_ids, params)
+        except BaseException:
+            if prepared is not None:
+                prepared.withdraw()
+            raise
         prefilled = time.perf_counter()
         self._sending.add(request_id)
         try:
             # The write blocks until the decode node confirms or the transfer timeout passes.
-            kv_bytes = await asyncio.to_thread(self.sender.send_blocks, request_id, final.kv_block_ids or [], handle)
+            kv_bytes = await asyncio.to_thread(self.sender.send_blocks, request_id, final.kv_block_ids or [], handle,
+                                               prepared)  # fmt: skip
             # The KV is in the decode node's pool, which is decoding from it already: the release below is this
             # node's bookkeeping, not the request's wait (the router's TTFT phases add this node's to D's).
             transferred = time.perf_counter()

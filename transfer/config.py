@@ -14,6 +14,9 @@ class TransferConfig:
     # those alone, on a new endpoint, at most this many times and within timeout_seconds; then the write
     # fails with TransferRetriesExhaustedError. 0 fails at the first error.
     max_retries: int = 2
+    # A prepared write (TransferEngine.prepare_write: requested while the prefill still computes its data)
+    # waits for its data at most as long as its writer asks, and a target holds one no longer than this.
+    prepared_hold_seconds: float = 30.0
     # First contact with a peer (hello / hello_ack); a closed peer fails within this.
     handshake_timeout_seconds: float = 1.0
     # The loop sleeps in epoll whenever it has no UCP request of its own in flight; a peer's message or

@@ -37,6 +37,7 @@ from kvferry.transfer.loop import EngineLoop, run_safely
 from kvferry.transfer.memory import MemoryRegistry
 from kvferry.transfer.outbound import OutboundOps
 from kvferry.transfer.peers import Peers
+from kvferry.transfer.prepared_write import PreparedWrite
 from kvferry.transfer.protocol import ControlMessage
 from kvferry.transfer.puts import Puts
 from kvferry.transfer.reads import Reads
@@ -66,6 +67,8 @@ class TransferEngine:
             "puts_copied": 0,
             # writes into this engine's memory: completed (each told to the listener once), aborted by the writer
             "writes_received": 0, "bytes_received": 0, "aborted_writes": 0,
+            # prepared writes (prepare_write) their writer withdrew before any data: ended, not failed
+            "withdrawn_writes": 0,
         }
         self.local_name = ""
         self.worker: UcxWorker | None = None
@@ -134,6 +137,23 @@ class TransferEngine:
         self._loop.submit(lambda: self._writes.start(target, src, dst, sizes, token, target_address, future))
         return future
 
+    def prepare_write(
+        self, target: str, dst_addrs: list[int], lengths: list[int], token: str | None = None,
+        target_address: bytes | None = None, source_on_device: bool = False, hold_seconds: float | None = None,
+    ) -> PreparedWrite:
+        """Request a write before its data exists: the target checks the destination ranges (and its write
+        guard) now, and `send` on the handle later starts the data without that exchange. The write waits
+        for its data at most `hold_seconds` (timeout_seconds by default; at most the config's
+        prepared_hold_seconds), then fails as timed out; after `send` it has timeout_seconds."""
+        dst, _, sizes = batch_columns(dst_addrs, dst_addrs, lengths)
+        hold = min(self.config.prepared_hold_seconds, hold_seconds or self.config.timeout_seconds)
+        future: Future[int] = Future()
+        op_id = self._outbound.new_id()
+        self._loop.submit(lambda: self._writes.prepare(target, dst, sizes, token, target_address, source_on_device,
+                                                       hold, op_id, future))  # fmt: skip
+        return PreparedWrite(future, len(sizes), lambda src: self._loop.submit(lambda: self._writes.send_prepared(op_id, src)),
+                             lambda: self._loop.submit(lambda: self._writes.withdraw(op_id)))  # fmt: skip
+
     def batch_transfer_write(
         self, target: str, src_addrs: list[int], dst_addrs: list[int], lengths: list[int],
         token: str | None = None, target_address: bytes | None = None,
@@ -193,6 +213,7 @@ class TransferEngine:
             "write": self._inbound.on_write, "write_ready": self._writes.on_write_ready,
             "write_complete": self._inbound.on_write_complete, "write_reject": self._writes.on_write_reject,
             "write_done": self._writes.on_write_done, "write_abort": self._inbound.on_write_abort,
+            "write_data": self._inbound.on_write_data, "write_withdraw": self._inbound.on_write_withdraw,
             "read": self._inbound.on_read, "read_reject": self._reads.on_read_reject,
         }
 

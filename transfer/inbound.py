@@ -3,7 +3,8 @@
 A write is checked against registered memory and the write guard (the KV connector's leases) before it is
 accepted; host to host, the writer then puts straight into this memory and says complete, else the data
 comes as tagged messages into receives posted here. Either way the write ends with done to the writer and
-one call of the listener, or, failed, expired or abandoned by its writer, with a call that says so. An eager
+one call of the listener, or, failed, expired or abandoned by its writer, with a call that says so; a
+prepared write its writer withdrew before sending data ends with no call (its lease stays open). An eager
 write's messages (writes.py) are on their way before it is checked: refused, they are drained, each into a
 receive too short for it, which UCX completes as truncated without moving the data and which releases the
 writer's send.
@@ -41,6 +42,7 @@ class Inbound:
         self._data = data
         self._memory = memory
         self._timeout_seconds = config.timeout_seconds
+        self._prepared_hold_seconds = config.prepared_hold_seconds
         self._stats = stats
         self._guard = guard
         self._listener = listener
@@ -51,7 +53,9 @@ class Inbound:
         return len(self._ops) + len(self._drains)
 
     def busy(self) -> bool:
-        return any(not op.all_completed for op in self._ops.values()) or bool(self._drains)
+        """Receives of ours are taking data (a prepared write's wait posted, and the loop asleep, until its
+        writer says the data follows)."""
+        return any(not op.all_completed and op.data.get("data_coming", True) for op in self._ops.values()) or bool(self._drains)
 
     def on_write(self, message: protocol.ControlMessage) -> None:
         sender, op_id = message["sender"], message["op"]
@@ -72,7 +76,9 @@ class Inbound:
             return
         # Held no longer than the writer waits: once it gave up (and said so to its caller) the write
         # must not complete here, even if this process was stopped and is only now catching up.
-        hold = max(0.0, min(self._timeout_seconds, message["timeout"]))
+        # A prepared write's data comes once the writer has it (a prefill's KV): held longer, but bounded too.
+        longest = self._prepared_hold_seconds if message.fields.get("prepared", False) else self._timeout_seconds
+        hold = max(0.0, min(longest, message["timeout"]))
         op = Operation(sender, "inbound_write", time.monotonic() + hold)
         op.data = {"token": message["token"], "ranges": ranges, "bytes": int(lengths.sum())}
         endpoint = self._peers.endpoint(sender, address)
@@ -85,6 +91,7 @@ class Inbound:
             self._control.send(sender, None, "write_ready", op=op_id, iov=True, rkeys=[[a, k] for a, k in rkeys.items()])
             return
         self._data.receive(op, endpoint, ranges, message["tag_base"], False)
+        op.data["data_coming"] = not message.fields.get("prepared", False)
         self._ops[(sender, op_id)] = op
         if not eager:
             self._control.send(sender, None, "write_ready", op=op_id, iov=False, rkeys=[])
@@ -110,6 +117,22 @@ class Inbound:
         log.warning("%s abandoned write %s: %s", key[0], key[1], message["reason"])
         self._stats["aborted_writes"] += 1
         self._end(key, op)
+
+    def on_write_data(self, message: protocol.ControlMessage) -> None:
+        op = self._ops.get((message["sender"], message["op"]))
+        if op is None or op.kind != "inbound_write" or op.data.get("data_coming", True):
+            self._stats["duplicate_messages"] += 1
+            return
+        op.data["data_coming"] = True
+
+    def on_write_withdraw(self, message: protocol.ControlMessage) -> None:
+        key = (message["sender"], message["op"])
+        op = self._ops.get(key)
+        if op is None or op.kind != "inbound_write":
+            self._stats["duplicate_messages"] += 1  # refused, or ended already
+            return
+        self._stats["withdrawn_writes"] += 1
+        self._end(key, op, tell=False)
 
     def on_read(self, message: protocol.ControlMessage) -> None:
         sender, op_id = message["sender"], message["op"]
@@ -150,12 +173,13 @@ class Inbound:
             return f"range {address:#x}+{length} is not registered memory"
         return self._guard(token, ranges)
 
-    def _end(self, key: tuple[str, int], op: Operation) -> None:
-        """An inbound operation failed, expired or was abandoned by its peer."""
+    def _end(self, key: tuple[str, int], op: Operation, tell: bool = True) -> None:
+        """An inbound operation failed, expired or was abandoned by its peer (`tell`: the listener hears it),
+        or was withdrawn before its data."""
         del self._ops[key]
         cancel(op)
         self._peers.drop(op.peer)  # cancels whatever receive is still posted into our memory
-        if op.kind == "inbound_write":
+        if op.kind == "inbound_write" and tell:
             self._listener(op.data["token"], op.data["ranges"], False)
 
 

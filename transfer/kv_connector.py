@@ -4,7 +4,9 @@ The decode side reserves blocks and `expect`s them: that opens a lease (a token,
 exactly those blocks, a deadline) and returns a handle the router hands to the prefill side. The prefill
 side `send_blocks`: it checks the two pools agree, pairs its blocks with the reserved ones, coalesces
 runs that are contiguous on both sides into single messages, and writes them with the lease's token.
-The decode side's write guard accepts only writes inside an open lease; when every reserved block has
+The lease is open before the prefill starts, so the prefill side may `prepare` the write then: the decode
+side checks it and readies its memory while the KV is computed, and `send_blocks` starts the data at once
+(transfer/prepared_write.py). The decode side's write guard accepts only writes inside an open lease; when every reserved block has
 arrived the lease completes (the blocks become the request's), and a lease that ends first is expired:
 its blocks are the caller's to free, and late writes for it are refused. A write into the lease that
 fails (its writer gave up, timed out or died) ends the lease at once: no more of its KV will come.
@@ -24,6 +26,7 @@ from kvferry.kvcache.compatibility import COMPATIBILITY_FIELDS
 from kvferry.kvcache.kv_pool import KVPool
 from kvferry.transfer.engine import TransferEngine
 from kvferry.transfer.errors import LayoutMismatchError
+from kvferry.transfer.prepared_write import PreparedWrite
 
 
 def pool_description(model: str, pool: KVPool) -> dict[str, object]:
@@ -249,8 +252,27 @@ class KVSender:
         check_compatible(self.description, record.get("pool", {}), peer)  # type: ignore[arg-type]
         self.engine.handshake(peer)
 
-    def send_blocks(self, request_id: str, src_block_ids: Sequence[int], handle: DestinationHandle) -> int:
-        """Write the prompt's blocks from `handle.first_block` on; returns the bytes sent."""
+    def prepare(self, handle: DestinationHandle) -> PreparedWrite | None:
+        """Request the write into the handle's blocks before their KV exists (the prefill about to compute
+        it); send_blocks with the result starts the data at once. None when nothing will travel. It waits
+        for its data until the lease ends; withdraw it if the prefill fails."""
+        check_compatible(self.description, handle.pool, handle.node)
+        runs = coalesce_block_runs(handle.block_ids, handle.block_ids)
+        if not runs:
+            return None
+        return self.engine.prepare_write(
+            handle.node, [handle.base_address + d * self.block_bytes for _, d, _ in runs],
+            [count * self.block_bytes for _, _, count in runs], token=handle.token,
+            target_address=bytes.fromhex(handle.address), source_on_device=self.pool.tensor.is_cuda,
+            hold_seconds=max(1.0, handle.lease_deadline - time.time()),
+        )
+
+    def send_blocks(self, request_id: str, src_block_ids: Sequence[int], handle: DestinationHandle,
+                    prepared: PreparedWrite | None = None) -> int:  # fmt: skip
+        """Write the prompt's blocks from `handle.first_block` on; returns the bytes sent. With the handle's
+        prepared write, its data goes at once where the blocks fit the runs prepared, one source run per
+        destination run; where they do not (blocks from the prefix cache, say), it is withdrawn and an
+        ordinary write follows."""
         if handle.request_id != request_id:
             raise ValueError(f"handle is for request {handle.request_id!r}, not {request_id!r}")
         check_compatible(self.description, handle.pool, handle.node)
@@ -259,8 +281,13 @@ class KVSender:
         if not runs:
             return 0
         src_addrs = [self.base + s * self.block_bytes for s, _, _ in runs]
-        dst_addrs = [handle.base_address + d * self.block_bytes for _, d, _ in runs]
         lengths = [count * self.block_bytes for _, _, count in runs]
+        if prepared is not None:
+            if prepared.ranges == len(runs):  # the source runs split no destination run
+                prepared.send(src_addrs).result()
+                return sum(lengths)
+            prepared.withdraw()
+        dst_addrs = [handle.base_address + d * self.block_bytes for _, d, _ in runs]
         self.engine.batch_transfer_write(
             handle.node, src_addrs, dst_addrs, lengths, token=handle.token, target_address=bytes.fromhex(handle.address)
         )

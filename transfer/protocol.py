@@ -39,12 +39,17 @@ SCHEMAS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "write_done": {"sender": str, "op": int},
     # the writer gave up on a write the target accepted (retries exhausted, timed out): end it now
     "write_abort": {"sender": str, "op": int, "reason": str},
+    # a prepared write's tagged data follows (writes.py): the target, idle in epoll meanwhile, now polls for it
+    "write_data": {"sender": str, "op": int},
+    # the writer gives up a prepared write before its data (writes.py): end it, the lease stays open
+    "write_withdraw": {"sender": str, "op": int},
     "read": {"sender": str, "address": str, "op": int, "tag_base": int, "ranges": str, "iov": bool},
     "read_reject": {"sender": str, "op": int, "reason": str},
 }
 # Fields a kind may carry, checked when present: newer fields, so that a peer one version older still talks.
 # eager: the writer sent its tagged messages with the request (writes.py); the target answers no write_ready.
-OPTIONAL: dict[str, dict[str, type]] = {"write": {"eager": bool}}
+# prepared: the data comes later (writes.py), so the target holds the write up to its prepared_hold_seconds.
+OPTIONAL: dict[str, dict[str, type]] = {"write": {"eager": bool, "prepared": bool}}
 
 
 class MalformedMessage(ValueError):

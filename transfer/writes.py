@@ -8,6 +8,11 @@ the target, having checked the write, posts the receives they match; a refused w
 target drains without taking their data (inbound.py). That saves the write_ready round trip: about a
 tenth of a 128 MiB write's time on an H100 (docs/transfer.md). A write the target accepted and the writer
 gave up on is aborted, so that the target ends it (and the lease behind it) at once.
+
+A prepared write is requested before its data exists (the prefill still computing the KV): the target
+checks it and readies its memory meanwhile, the write waits in state "ready", and `send` later starts the
+data at once, one source range per destination range requested. Withdrawn instead (the source did not
+fit those ranges), the target ends it without counting it failed, so that an ordinary write can follow.
 """
 
 from __future__ import annotations
@@ -57,17 +62,73 @@ class Writes:
             return
         host_only = not any(region.cuda for region in regions)
         op.data = {"lengths": lengths, "src": src, "destinations": dst, "tag_base": new_tag_base(),
-                   "eager": not host_only}
+                   "eager": not host_only, "iov": host_only}
         op.payload_bytes = int(np.sum(lengths))
         self._ops.start(op_id, op, lambda: self._request(op_id, op, dst, lengths, token, target_address))
+
+    def prepare(self, target: str, dst: np.ndarray, lengths: np.ndarray, token: str | None,
+                target_address: bytes | None, source_on_device: bool, hold_seconds: float, op_id: int,
+                future: Future[int]) -> None:
+        """Request a write whose source comes later (send_prepared); it waits at most `hold_seconds` for it."""
+        op = Operation(target, "write", time.monotonic() + hold_seconds, future, step=self._step,
+                       on_expiry=self._expired)
+        op.data = {"lengths": lengths, "src": None, "destinations": dst, "tag_base": new_tag_base(),
+                   "eager": False, "iov": not source_on_device, "prepared": True}
+        op.payload_bytes = int(np.sum(lengths))
+        self._ops.start(op_id, op, lambda: self._request(op_id, op, dst, lengths, token, target_address))
+
+    def send_prepared(self, op_id: int, src: np.ndarray) -> None:
+        """The data of a prepared write, one source range per destination range; it starts now if the
+        target is ready, else when its answer comes. From here the write has timeout_seconds, as any."""
+        op = self._ops.get(op_id)
+        if op is None:  # refused or expired already: its future says why
+            return
+        refusal = self._source_refusal(op, src)
+        if refusal is not None:
+            self._ops.pop(op_id)
+            fail(op, TransferRejectedError(refusal))
+            self._withdraw_message(op.peer, op_id)
+            return
+        op.data["src"] = src
+        op.deadline = min(op.deadline, time.monotonic() + self._timeout_seconds)
+        if op.state == "ready":
+            ready = op.data.pop("ready")
+            self._ops.guard(op_id, op, lambda: self._start_data(op_id, op, ready["rkeys"], ready["iov"]))
+
+    def _source_refusal(self, op: Operation, src: np.ndarray) -> str | None:
+        lengths = op.data["lengths"]
+        if len(src) != len(lengths):
+            return f"{len(src)} source ranges for the {len(lengths)} destination ranges prepared"
+        regions, outside = self._memory.locate(src, lengths)
+        if outside is not None:
+            return f"source range {src[outside]:#x}+{lengths[outside]} is not registered"
+        if any(region.cuda for region in regions) == op.data["iov"]:
+            return "the source is not in the memory (host or device) the write was prepared for"
+        return None
+
+    def withdraw(self, op_id: int) -> None:
+        """Give up a prepared write before its data: the target ends it and its lease stays open."""
+        op = self._ops.get(op_id)
+        if op is None or op.data["src"] is not None:
+            return
+        self._ops.pop(op_id)
+        if op.future is not None:
+            op.future.cancel()
+        self._withdraw_message(op.peer, op_id)
+
+    def _withdraw_message(self, peer: str, op_id: int) -> None:
+        try:
+            self._control.send(peer, None, "write_withdraw", op=op_id)
+        except TransferError:
+            log.debug("could not tell %s that write %d was withdrawn", peer, op_id)
 
     def _request(self, op_id: int, op: Operation, dst: np.ndarray, lengths: np.ndarray, token: str | None,
                  target_address: bytes | None) -> None:
         eager = op.data["eager"]
         self._control.send(
             op.peer, op, "write", refresh=True, peer_address=target_address, address=self._address, op=op_id,
-            tag_base=op.data["tag_base"], ranges=protocol.pack_ranges(dst, lengths), token=token, iov=not eager,
-            timeout=op.deadline - time.monotonic(), eager=eager,
+            tag_base=op.data["tag_base"], ranges=protocol.pack_ranges(dst, lengths), token=token, iov=op.data["iov"],
+            timeout=op.deadline - time.monotonic(), eager=eager, **({"prepared": True} if "prepared" in op.data else {}),
         )
         if eager:
             self._send_messages(op, iov=False)
@@ -78,11 +139,20 @@ class Writes:
         op = self._ops.expect(message, "write", "requested")
         if op is None:
             return
-        if message["rkeys"]:
-            self._puts.start(op, self._peers.endpoint(op.peer), message["rkeys"])
+        if op.data["src"] is None:  # prepared, and its data not given yet: send_prepared starts it
+            op.data["ready"] = {"rkeys": message["rkeys"], "iov": message["iov"]}
+            op.state = "ready"
+            return
+        self._start_data(message["op"], op, message["rkeys"], message["iov"])
+
+    def _start_data(self, op_id: int, op: Operation, rkeys: list[list[object]], iov: bool) -> None:
+        if rkeys:
+            self._puts.start(op, self._peers.endpoint(op.peer), rkeys)
             op.state = "sending"
-        else:
-            self._send_messages(op, message["iov"])
+            return
+        if "prepared" in op.data:  # the target's receives wait posted, its loop asleep: it polls from this
+            self._control.send(op.peer, op, "write_data", op=op_id)
+        self._send_messages(op, iov)
 
     def _send_messages(self, op: Operation, iov: bool) -> None:
         sources = list(zip(op.data["src"].tolist(), op.data["lengths"].tolist(), strict=True))

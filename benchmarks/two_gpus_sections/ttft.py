@@ -60,13 +60,14 @@ def ttft(args: argparse.Namespace, model: Path) -> dict[str, object]:
                 prompts[:WARM_RUNS]
             ):  # compiles this length's shapes in both processes
                 colocated_request(prefill, f"warm-c{length}-{i}", prompt, 4)
-                disaggregated_request(prefill, sender, conn, f"warm-d{length}-{i}", prompt, 4)
+                disaggregated_request(prefill, sender, conn, f"warm-d{length}-{i}", prompt, 4, prepare=True)
             timed_prompts = prompts[WARM_RUNS:]
             colocated = [
                 colocated_request(prefill, f"c{length}-{i}", p, args.ttft_output_len)
                 for i, p in enumerate(timed_prompts)
             ]
-            disaggregated = [disaggregated_request(prefill, sender, conn, f"d{length}-{i}", p, args.ttft_output_len)
+            disaggregated = [disaggregated_request(prefill, sender, conn, f"d{length}-{i}", p, args.ttft_output_len,
+                                                   prepare=True)
                              for i, p in enumerate(timed_prompts)]  # fmt: skip
             entry = {"colocated": summarize(colocated), "disaggregated": summarize(disaggregated),
                      "kv_bytes_per_request": disaggregated[0]["kv_bytes"]}  # fmt: skip
