@@ -76,6 +76,7 @@ class PrefillConnector:
         except BaseException:
             if prepared is not None:
                 prepared.withdraw()
+                self.metrics.prepared_write("withdrawn")
             raise
         prefilled = time.perf_counter()
         self._sending.add(request_id)
@@ -93,6 +94,8 @@ class PrefillConnector:
             raise
         finally:
             self._sending.discard(request_id)
+            if prepared is not None and prepared.outcome is not None:
+                self.metrics.prepared_write(prepared.outcome)
             await self._release(request_id)
         if request_id in self._aborted:
             raise PrefillAborted(f"request {request_id!r} was aborted")

@@ -20,23 +20,23 @@ class PreparedWrite:
         self.ranges = ranges  # destination ranges prepared; send takes a source address for each
         self._send = send
         self._withdraw = withdraw
-        self._used = False
+        self.outcome: str | None = None  # "sent" or "withdrawn", once
 
     def send(self, src_addrs: Sequence[int]) -> Future[int]:
         """Start the data: one source address per destination range prepared, of its length. Once."""
         if len(src_addrs) != self.ranges:
             raise ValueError(f"{len(src_addrs)} source addresses for the {self.ranges} ranges prepared")
-        self._take()
+        self._take("sent")
         self._send(np.asarray(src_addrs, dtype=np.int64))
         return self.future
 
     def withdraw(self) -> None:
         """Give the write up before sending (the source does not fit the ranges prepared, or the prefill
         failed): the target ends it without failing the lease behind it. Once, instead of send."""
-        self._take()
+        self._take("withdrawn")
         self._withdraw()
 
-    def _take(self) -> None:
-        if self._used:
-            raise RuntimeError("a prepared write is sent or withdrawn once")
-        self._used = True
+    def _take(self, outcome: str) -> None:
+        if self.outcome is not None:
+            raise RuntimeError(f"a prepared write is sent or withdrawn once (this one was {self.outcome})")
+        self.outcome = outcome

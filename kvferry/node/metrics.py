@@ -60,6 +60,12 @@ class NodeMetrics:
         self.prefix_queries = counter("kvferry:prefix_cache_queries_tokens", "Prompt tokens looked up in the prefix cache")
         self.prefix_hits = counter("kvferry:prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache")
         self.transfer_bytes = counter("kvferry:kv_transfer_bytes", "KV bytes sent to decode nodes")
+        # Writes prepared before the prefill (transfer/prepared_write.py): their data sent as prepared, or
+        # withdrawn (the prefill's blocks split a prepared run, as prefix-cache blocks can; the prefill failed).
+        self._prepared_writes = {
+            "sent": counter("kvferry:kv_prepared_writes_sent", "KV writes prepared before the prefill and sent so"),
+            "withdrawn": counter("kvferry:kv_prepared_writes_withdrawn", "KV writes prepared before the prefill and withdrawn"),
+        }
         self.received_bytes = counter("kvferry:kv_received_bytes", "KV bytes received from prefill nodes")
         self._transfer_failures = Counter("kvferry:kv_transfer_failures", "KV transfers that failed, by cause",
                                           [*labels, "reason"], registry=self.registry)
@@ -81,6 +87,10 @@ class NodeMetrics:
     def transfer_failed(self, reason: str) -> None:
         """A KV transfer failed; `reason` is the transfer error's (peer_unreachable, timeout, ...)."""
         self._transfer_failures.labels(**self._labels, reason=reason).inc()
+
+    def prepared_write(self, outcome: str) -> None:
+        """A write prepared before the prefill ended: "sent" (its data went as prepared) or "withdrawn"."""
+        self._prepared_writes[outcome].inc()
 
     def observe_ttft(self, phase: str, seconds: float) -> None:
         if phase not in TTFT_PHASES:

@@ -113,6 +113,7 @@ def test_a_greedy_request_through_the_router_carries_the_token_to_both_nodes(clu
     transferred = cluster.metric("prefill-0", "kvferry:kv_transfer_bytes_total")
     received = cluster.metric("decode-0", "kvferry:kv_received_bytes_total")
     local = cluster.metric("decode-0", "kvferry:local_prefills_total")
+    prepared = cluster.metric("prefill-0", "kvferry:kv_prepared_writes_sent_total")
     body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
     response = httpx.post(f"{cluster.router}/v1/completions", json=body, headers=bearer(API_KEY), timeout=60)
     assert response.status_code == 200, response.text
@@ -121,6 +122,8 @@ def test_a_greedy_request_through_the_router_carries_the_token_to_both_nodes(clu
     sent = cluster.metric("prefill-0", "kvferry:kv_transfer_bytes_total") - transferred
     assert sent > 0 and cluster.metric("decode-0", "kvferry:kv_received_bytes_total") - received == sent
     assert cluster.metric("decode-0", "kvferry:local_prefills_total") == local
+    # Its write was prepared before the prefill and its data went as prepared (a fresh prompt's blocks fit).
+    assert cluster.metric("prefill-0", "kvferry:kv_prepared_writes_sent_total") == prepared + 1
     # The reference: the decode node alone (its own prefill), called with the token.
     sampling = {"temperature": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
     alone = httpx.post(f"{cluster.urls['decode-0']}/internal/v1/generate", headers=bearer(CLUSTER_TOKEN), timeout=60,
