@@ -53,8 +53,8 @@ class Inbound:
         return len(self._ops) + len(self._drains)
 
     def busy(self) -> bool:
-        """Receives of ours are taking data (a prepared write's wait posted, and the loop asleep, until its
-        writer says the data follows)."""
+        """Receives of ours may be taking data: the loop then polls. A prepared write's receives wait posted
+        through its writer's prefill with the loop asleep in epoll, until write_data says the data follows."""
         return any(not op.all_completed and op.data.get("data_coming", True) for op in self._ops.values()) or bool(self._drains)
 
     def on_write(self, message: protocol.ControlMessage) -> None:
