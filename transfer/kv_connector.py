@@ -6,8 +6,8 @@ side `send_blocks`: it checks the two pools agree, pairs its blocks with the res
 runs that are contiguous on both sides into single messages, and writes them with the lease's token.
 The lease is open before the prefill starts, so the prefill side may `prepare` the write then: the decode
 side checks it and readies its memory while the KV is computed, and `send_blocks` starts the data at once
-(transfer/prepared_write.py). The decode side's write guard accepts only writes inside an open lease; when every reserved block has
-arrived the lease completes (the blocks become the request's), and a lease that ends first is expired:
+(transfer/prepared_write.py). The decode side's write guard accepts only writes inside an open lease;
+when every reserved block has arrived the lease completes (the blocks become the request's), and a lease that ends first is expired:
 its blocks are the caller's to free, and late writes for it are refused. A write into the lease that
 fails (its writer gave up, timed out or died) ends the lease at once: no more of its KV will come.
 """
