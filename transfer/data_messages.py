@@ -68,6 +68,14 @@ class DataMessages:
             op.keep.append(buffer)
             op.requests.append(UcxWorker.recv(endpoint, buffer, tag_base | offset))
 
+    def receive_cancellable(self, op: Operation, ranges: list[tuple[int, int]], tag_base: int) -> None:
+        """Receives for the device-memory plan (a message per range) that can be cancelled one by one: a
+        prepared write's, which its writer may withdraw. ucxx's go only with their endpoint, and closing the
+        endpoint the writer's is paired with broke that writer's next rendezvous (its data never arrived)."""
+        for offset, group in self._plan(ranges, False):
+            cuda = self._memory.buffer_region(*group[0]).cuda
+            op.requests.append(ucp_direct.recv(self._worker.handle, group, tag_base | offset, cuda=cuda))
+
     def drain(self, op: Operation, ranges: list[tuple[int, int]], tag_base: int) -> None:
         """A receive for each message of a refused write (device memory's plan), into one byte of host
         scratch: each ends truncated, and UCX then answers the writer's send without fetching its data."""

@@ -47,7 +47,8 @@ class Inbound:
         self._guard = guard
         self._listener = listener
         self._ops: dict[tuple[str, int], Operation] = {}
-        self._drains: list[Operation] = []  # refused eager writes' messages, until drained or past the deadline
+        # refused eager writes' messages, until drained or past the deadline; withdrawn writes' cancelled receives
+        self._drains: list[Operation] = []
 
     def __len__(self) -> int:
         return len(self._ops) + len(self._drains)
@@ -90,8 +91,12 @@ class Inbound:
             self._ops[(sender, op_id)] = op
             self._control.send(sender, None, "write_ready", op=op_id, iov=True, rkeys=[[a, k] for a, k in rkeys.items()])
             return
-        self._data.receive(op, endpoint, ranges, message["tag_base"], False)
-        op.data["data_coming"] = not message.fields.get("prepared", False)
+        prepared = message.fields.get("prepared", False)
+        if prepared:  # may be withdrawn: receives cancellable one by one, the endpoint left alone
+            self._data.receive_cancellable(op, ranges, message["tag_base"])
+        else:
+            self._data.receive(op, endpoint, ranges, message["tag_base"], False)
+        op.data["data_coming"] = not prepared
         self._ops[(sender, op_id)] = op
         if not eager:
             self._control.send(sender, None, "write_ready", op=op_id, iov=False, rkeys=[])
@@ -132,7 +137,11 @@ class Inbound:
             self._stats["duplicate_messages"] += 1  # refused, or ended already
             return
         self._stats["withdrawn_writes"] += 1
-        self._end(key, op, tell=False)
+        # Its receives are cancelled, and polled until UCX has ended them, as a refused write's drain is; the
+        # endpoint stays, since the writer's next write (an ordinary one, as a rule) follows on it.
+        del self._ops[key]
+        cancel(op)
+        self._drains.append(op)
 
     def on_read(self, message: protocol.ControlMessage) -> None:
         sender, op_id = message["sender"], message["op"]
@@ -173,19 +182,19 @@ class Inbound:
             return f"range {address:#x}+{length} is not registered memory"
         return self._guard(token, ranges)
 
-    def _end(self, key: tuple[str, int], op: Operation, tell: bool = True) -> None:
-        """An inbound operation failed, expired or was abandoned by its peer (`tell`: the listener hears it),
-        or was withdrawn before its data."""
+    def _end(self, key: tuple[str, int], op: Operation) -> None:
+        """An inbound operation failed, expired or was abandoned by its peer."""
         del self._ops[key]
         cancel(op)
         self._peers.drop(op.peer)  # cancels whatever receive is still posted into our memory
-        if op.kind == "inbound_write" and tell:
+        if op.kind == "inbound_write":
             self._listener(op.data["token"], op.data["ranges"], False)
 
 
 def _drained(op: Operation, now: float) -> bool:
-    """Every message of a refused eager write arrived (each receive ends truncated: expected, not an error),
-    or the writer's deadline passed, when its receives still posted are withdrawn."""
+    """Every message of a refused eager write arrived (each receive ends truncated: expected, not an error), or
+    every receive of a withdrawn write ended cancelled, or the deadline passed, when those still posted are
+    cancelled."""
     if all(request.completed for request in op.requests):
         return True
     if now > op.deadline:

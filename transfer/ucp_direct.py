@@ -62,7 +62,9 @@ Column = Sequence[int] | np.ndarray  # one field of a batch of puts
 
 UCS_OK, UCS_INPROGRESS, UCS_ERR_LAST = 0, 1, -100
 UCP_OP_ATTR_FIELD_DATATYPE = 1 << 3
+UCP_OP_ATTR_FIELD_MEMORY_TYPE = 1 << 6
 UCP_DATATYPE_IOV = 2
+UCS_MEMORY_TYPE_CUDA = 1
 FULL_MASK = (1 << 64) - 1
 
 
@@ -89,6 +91,7 @@ class _RequestParam(ctypes.Structure):
 
 _IOV_PARAM = _RequestParam(op_attr_mask=UCP_OP_ATTR_FIELD_DATATYPE, datatype=UCP_DATATYPE_IOV)
 _CONTIG_PARAM = _RequestParam(op_attr_mask=0)  # contiguous bytes, UCP's default datatype
+_CUDA_PARAM = _RequestParam(op_attr_mask=UCP_OP_ATTR_FIELD_MEMORY_TYPE, memory_type=UCS_MEMORY_TYPE_CUDA)
 
 
 class UcpError(RuntimeError):
@@ -324,11 +327,13 @@ def send(endpoint_handle: int, worker_handle: int, ranges: Sequence[tuple[int, i
     return UcpRequest(pointer, iov, worker_handle)
 
 
-def recv(worker_handle: int, ranges: Sequence[tuple[int, int]], tag: int) -> UcpRequest:
-    """One tagged message into `ranges` (scattered when there are several)."""
+def recv(worker_handle: int, ranges: Sequence[tuple[int, int]], tag: int, cuda: bool = False) -> UcpRequest:
+    """One tagged message into `ranges` (scattered when there are several; one range of device memory when
+    `cuda`, which UCP is told rather than left to detect)."""
     if len(ranges) == 1:
         address, length = ranges[0]
-        pointer = _UCP.ucp_tag_recv_nbx(worker_handle, address, length, tag, FULL_MASK, ctypes.byref(_CONTIG_PARAM))
+        param = _CUDA_PARAM if cuda else _CONTIG_PARAM
+        pointer = _UCP.ucp_tag_recv_nbx(worker_handle, address, length, tag, FULL_MASK, ctypes.byref(param))
         return UcpRequest(pointer, None, worker_handle)
     iov = _iov(ranges)
     pointer = _UCP.ucp_tag_recv_nbx(worker_handle, iov, len(ranges), tag, FULL_MASK, ctypes.byref(_IOV_PARAM))
