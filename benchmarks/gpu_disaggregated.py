@@ -162,6 +162,7 @@ def disaggregated_request(
             "reserve_ms": 1e3 * (reserved - started), "prefill_ms": 1e3 * (prefilled - reserved),
             "transfer_ms": 1e3 * (transferred - prefilled), "transfer_share": (transferred - prefilled) / ttft,
             "kv_bytes": sent, "transfer_gc_ms": 1e3 * (GC_CLOCK.total_s - gc_before), "runs": len(runs),
+            "prepared": prepared.outcome if prepared is not None else "no",
             "src_first_block": runs[0][0], "dst_first_block": runs[0][1]}  # fmt: skip
 
 
@@ -199,7 +200,9 @@ def pool_to_pool(kv_bytes: int, samples: list[dict[str, float]]) -> dict[str, fl
     }
 
 
-NOT_TIMES = ("kv_bytes", "runs", "src_first_block", "dst_first_block")
+# Per transfer, not summarized: "prepared" is "sent" (the data went as prepared), "withdrawn" (the source
+# split a prepared run: an ordinary write followed) or "no" (unprepared).
+NOT_TIMES = ("kv_bytes", "runs", "src_first_block", "dst_first_block", "prepared")
 
 
 def summarize(samples: list[dict[str, float]]) -> dict[str, object]:
