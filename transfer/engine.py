@@ -142,17 +142,21 @@ class TransferEngine:
         target_address: bytes | None = None, source_on_device: bool = False, hold_seconds: float | None = None,
     ) -> PreparedWrite:
         """Request a write before its data exists: the target checks the destination ranges (and its write
-        guard) now, and `send` on the handle later starts the data without that exchange. The write waits
+        guard) now, and `send` on the handle later starts the data without that exchange (`puts` on the handle,
+        once the target answered, says whether it takes other ranges than these). The write waits
         for its data at most `hold_seconds` (timeout_seconds by default; at most the config's
         prepared_hold_seconds), then fails as timed out; after `send` it has timeout_seconds."""
         dst, _, sizes = batch_columns(dst_addrs, dst_addrs, lengths)
         hold = min(self.config.prepared_hold_seconds, hold_seconds or self.config.timeout_seconds)
         future: Future[int] = Future()
         op_id = self._outbound.new_id()
+        prepared = PreparedWrite(
+            future, len(sizes), lambda src, dst, lens: self._loop.submit(lambda: self._writes.send_prepared(op_id, src, dst, lens)),
+            lambda: self._loop.submit(lambda: self._writes.withdraw(op_id)),
+        )  # fmt: skip
         self._loop.submit(lambda: self._writes.prepare(target, dst, sizes, token, target_address, source_on_device,
-                                                       hold, op_id, future))  # fmt: skip
-        return PreparedWrite(future, len(sizes), lambda src: self._loop.submit(lambda: self._writes.send_prepared(op_id, src)),
-                             lambda: self._loop.submit(lambda: self._writes.withdraw(op_id)))  # fmt: skip
+                                                       hold, op_id, future, prepared.mark_ready))  # fmt: skip
+        return prepared
 
     def batch_transfer_write(
         self, target: str, src_addrs: list[int], dst_addrs: list[int], lengths: list[int],

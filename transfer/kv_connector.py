@@ -271,8 +271,8 @@ class KVSender:
                     prepared: PreparedWrite | None = None) -> int:  # fmt: skip
         """Write the prompt's blocks from `handle.first_block` on; returns the bytes sent. With the handle's
         prepared write, its data goes at once where the blocks fit the runs prepared, one source run per
-        destination run; where they do not (blocks from the prefix cache, say), it is withdrawn and an
-        ordinary write follows."""
+        destination run, or where they do not (blocks from the prefix cache, say) but the write goes as puts
+        (host memory); else it is withdrawn and an ordinary write follows."""
         if handle.request_id != request_id:
             raise ValueError(f"handle is for request {handle.request_id!r}, not {request_id!r}")
         check_compatible(self.description, handle.pool, handle.node)
@@ -282,12 +282,15 @@ class KVSender:
             return 0
         src_addrs = [self.base + s * self.block_bytes for s, _, _ in runs]
         lengths = [count * self.block_bytes for _, _, count in runs]
+        dst_addrs = [handle.base_address + d * self.block_bytes for _, d, _ in runs]
         if prepared is not None:
             if prepared.ranges == len(runs):  # the source runs split no destination run
                 prepared.send(src_addrs).result()
                 return sum(lengths)
+            if prepared.puts:  # puts land anywhere in the ranges prepared
+                prepared.send(src_addrs, dst_addrs, lengths).result()
+                return sum(lengths)
             prepared.withdraw()
-        dst_addrs = [handle.base_address + d * self.block_bytes for _, d, _ in runs]
         self.engine.batch_transfer_write(
             handle.node, src_addrs, dst_addrs, lengths, token=handle.token, target_address=bytes.fromhex(handle.address)
         )

@@ -12,22 +12,40 @@ from concurrent.futures import Future
 
 import numpy as np
 
+from kvferry.transfer.batch import batch_columns
+
+Sender = Callable[[np.ndarray, np.ndarray | None, np.ndarray | None], None]
+
 
 class PreparedWrite:
-    def __init__(self, future: Future[int], ranges: int, send: Callable[[np.ndarray], None],
-                 withdraw: Callable[[], None]) -> None:  # fmt: skip
+    def __init__(self, future: Future[int], ranges: int, send: Sender, withdraw: Callable[[], None]) -> None:
         self.future = future  # the write's outcome, as batch_transfer_write_async's
         self.ranges = ranges  # destination ranges prepared; send takes a source address for each
         self._send = send
         self._withdraw = withdraw
         self.outcome: str | None = None  # "sent" or "withdrawn", once
+        # Once the target accepted the write: True where its data goes as puts (host memory), which take
+        # any ranges that tile the ones prepared; False where as tagged messages, which take those alone.
+        self.puts: bool | None = None
 
-    def send(self, src_addrs: Sequence[int]) -> Future[int]:
-        """Start the data: one source address per destination range prepared, of its length. Once."""
-        if len(src_addrs) != self.ranges:
-            raise ValueError(f"{len(src_addrs)} source addresses for the {self.ranges} ranges prepared")
+    def mark_ready(self, puts: bool) -> None:
+        """The engine's loop, when the target accepted the write."""
+        self.puts = puts
+
+    def send(self, src_addrs: Sequence[int], dst_addrs: Sequence[int] | None = None,
+             lengths: Sequence[int] | None = None) -> Future[int]:  # fmt: skip
+        """Start the data, once: one source address per destination range prepared, of its length; or, where
+        `puts` is True, (source, destination, length) ranges that cover the ranges prepared exactly."""
+        if dst_addrs is None or lengths is None:
+            if len(src_addrs) != self.ranges:
+                raise ValueError(f"{len(src_addrs)} source addresses for the {self.ranges} ranges prepared")
+            columns = (np.asarray(src_addrs, dtype=np.int64), None, None)
+        else:
+            if not self.puts:
+                raise ValueError("only a write whose target takes puts takes other ranges than those prepared")
+            columns = batch_columns(src_addrs, dst_addrs, lengths)
         self._take("sent")
-        self._send(np.asarray(src_addrs, dtype=np.int64))
+        self._send(*columns)
         return self.future
 
     def withdraw(self) -> None:

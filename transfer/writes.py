@@ -11,19 +11,23 @@ gave up on is aborted, so that the target ends it (and the lease behind it) at o
 
 A prepared write is requested before its data exists (the prefill still computing the KV): the target
 checks it and readies its memory meanwhile, the write waits in state "ready", and `send` later starts the
-data at once, one source range per destination range requested. Withdrawn instead (the source did not
-fit those ranges), the target ends it without counting it failed, so that an ordinary write can follow.
+data at once, one source range per destination range requested, or, where the target takes puts (host
+memory), any ranges that tile the ranges requested exactly. Withdrawn instead (a source that splits the
+ranges of a write of tagged messages), the target ends it without counting it failed, so that an ordinary
+write can follow.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import numpy as np
 
 from kvferry.transfer import protocol
+from kvferry.transfer.batch import merge_adjacent
 from kvferry.transfer.config import TransferConfig
 from kvferry.transfer.control import ControlChannel
 from kvferry.transfer.data_messages import DataMessages, new_tag_base
@@ -68,22 +72,30 @@ class Writes:
 
     def prepare(self, target: str, dst: np.ndarray, lengths: np.ndarray, token: str | None,
                 target_address: bytes | None, source_on_device: bool, hold_seconds: float, op_id: int,
-                future: Future[int]) -> None:
-        """Request a write whose source comes later (send_prepared); it waits at most `hold_seconds` for it."""
+                future: Future[int], on_ready: Callable[[bool], None]) -> None:
+        """Request a write whose source comes later (send_prepared); it waits at most `hold_seconds` for it.
+        `on_ready` hears, once the target accepted it, whether the data will go as puts (any tiling of the
+        ranges) or as tagged messages (the ranges as prepared)."""
         op = Operation(target, "write", time.monotonic() + hold_seconds, future, step=self._step,
                        on_expiry=self._expired)
         op.data = {"lengths": lengths, "src": None, "destinations": dst, "tag_base": new_tag_base(),
-                   "eager": False, "iov": not source_on_device, "prepared": True}
+                   "eager": False, "iov": not source_on_device, "prepared": True, "on_ready": on_ready}
         op.payload_bytes = int(np.sum(lengths))
         self._ops.start(op_id, op, lambda: self._request(op_id, op, dst, lengths, token, target_address))
 
-    def send_prepared(self, op_id: int, src: np.ndarray) -> None:
-        """The data of a prepared write, one source range per destination range; it starts now if the
-        target is ready, else when its answer comes. From here the write has timeout_seconds, as any."""
+    def send_prepared(self, op_id: int, src: np.ndarray, dst: np.ndarray | None, lengths: np.ndarray | None) -> None:
+        """The data of a prepared write: one source range per destination range prepared (`dst` None), or
+        ranges that tile those exactly, which only puts can carry. It starts now if the target is ready, else
+        when its answer comes. From here the write has timeout_seconds, as any."""
         op = self._ops.get(op_id)
         if op is None:  # refused or expired already: its future says why
             return
-        refusal = self._source_refusal(op, src)
+        if dst is not None and lengths is not None:
+            refusal = _tiling_refusal(op, dst, lengths) or self._source_refusal(op, src, lengths)
+            if refusal is None:
+                op.data.update(destinations=dst, lengths=lengths, retiled=True)
+        else:
+            refusal = self._source_refusal(op, src, op.data["lengths"])
         if refusal is not None:
             self._ops.pop(op_id)
             fail(op, TransferRejectedError(refusal))
@@ -93,12 +105,16 @@ class Writes:
         op.deadline = min(op.deadline, time.monotonic() + self._timeout_seconds)
         if op.state == "ready":
             ready = op.data.pop("ready")
+            if op.data.get("retiled") and not ready["rkeys"]:
+                self._ops.pop(op_id)
+                fail(op, TransferRejectedError("the target takes this write as tagged messages: its ranges as prepared"))
+                self._withdraw_message(op.peer, op_id)
+                return
             self._ops.guard(op_id, op, lambda: self._start_data(op_id, op, ready["rkeys"], ready["iov"]))
 
-    def _source_refusal(self, op: Operation, src: np.ndarray) -> str | None:
-        lengths = op.data["lengths"]
+    def _source_refusal(self, op: Operation, src: np.ndarray, lengths: np.ndarray) -> str | None:
         if len(src) != len(lengths):
-            return f"{len(src)} source ranges for the {len(lengths)} destination ranges prepared"
+            return f"{len(src)} source ranges for {len(lengths)} destination ranges"
         regions, outside = self._memory.locate(src, lengths)
         if outside is not None:
             return f"source range {src[outside]:#x}+{lengths[outside]} is not registered"
@@ -139,9 +155,16 @@ class Writes:
         op = self._ops.expect(message, "write", "requested")
         if op is None:
             return
+        if "prepared" in op.data:
+            op.data["on_ready"](bool(message["rkeys"]))
         if op.data["src"] is None:  # prepared, and its data not given yet: send_prepared starts it
             op.data["ready"] = {"rkeys": message["rkeys"], "iov": message["iov"]}
             op.state = "ready"
+            return
+        if op.data.get("retiled") and not message["rkeys"]:
+            self._ops.pop(message["op"])
+            fail(op, TransferRejectedError("the target takes this write as tagged messages: its ranges as prepared"))
+            self._withdraw_message(op.peer, message["op"])
             return
         self._start_data(message["op"], op, message["rkeys"], message["iov"])
 
@@ -212,3 +235,19 @@ class Writes:
             self._control.send(peer, None, "write_abort", refresh=True, op=key, reason=reason)
         except TransferError:
             log.debug("could not tell %s that write %d was abandoned", peer, key)
+
+
+def _tiling_refusal(op: Operation, dst: np.ndarray, lengths: np.ndarray) -> str | None:
+    """None when (dst, lengths) cover the ranges prepared exactly, each byte once: sorted and merged, both
+    are the same ranges (the target completes the write over the ranges it accepted)."""
+    order = np.argsort(dst, kind="stable")
+    ends = dst[order] + lengths[order]
+    if len(order) > 1 and bool((dst[order][1:] < ends[:-1]).any()):
+        return "the ranges overlap"
+    given, _, given_lengths = merge_adjacent(dst[order], dst[order], lengths[order])
+    prepared_order = np.argsort(op.data["destinations"], kind="stable")
+    prepared = op.data["destinations"][prepared_order]
+    wanted, _, wanted_lengths = merge_adjacent(prepared, prepared, op.data["lengths"][prepared_order])
+    if not (np.array_equal(given, wanted) and np.array_equal(given_lengths, wanted_lengths)):
+        return "the ranges do not cover the ranges prepared exactly"
+    return None

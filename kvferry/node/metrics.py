@@ -61,7 +61,8 @@ class NodeMetrics:
         self.prefix_hits = counter("kvferry:prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache")
         self.transfer_bytes = counter("kvferry:kv_transfer_bytes", "KV bytes sent to decode nodes")
         # Writes prepared before the prefill (transfer/prepared_write.py): their data sent as prepared, or
-        # withdrawn (the prefill's blocks split a prepared run, as prefix-cache blocks can; the prefill failed).
+        # withdrawn (into a device pool, the prefill's blocks split a prepared run, as prefix-cache blocks can; the
+        # prefill failed).
         self._prepared_writes = {
             "sent": counter("kvferry:kv_prepared_writes_sent", "KV writes prepared before the prefill and sent so"),
             "withdrawn": counter("kvferry:kv_prepared_writes_withdrawn", "KV writes prepared before the prefill and withdrawn"),

@@ -37,21 +37,67 @@ def test_a_prepared_write_sent_after_a_pause_lands_once(redis_url, local_engine,
     assert engine.in_flight() == 0 and stats["in_flight"] == 0
 
 
-def test_a_source_that_splits_a_prepared_run_is_withdrawn_and_written_anyway(redis_url, local_engine, peers, request):
-    """Prefix-cache blocks make the source fragmented where the destination is one run: the prepared write
-    cannot carry it, so it is withdrawn (the lease stays open) and an ordinary write follows."""
+def _accepted(prepared) -> None:
+    """Until the target's answer arrived (a prefill takes longer than that round trip)."""
+    deadline = time.monotonic() + 5
+    while prepared.puts is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert prepared.puts is not None
+
+
+def test_a_source_that_splits_a_prepared_run_goes_as_puts_into_it(redis_url, local_engine, peers, request):
+    """Prefix-cache blocks make the source fragmented where the destination is one run: into host memory the
+    write goes as puts, which land anywhere in the ranges prepared, so it is sent as prepared all the same."""
     engine, pool, sender, receiver = _setup(redis_url, local_engine, peers, request, seed=22)
     dst = [50, 51, 52, 53]
     handle = DestinationHandle.from_json(receiver.call("expect", request_id="w", block_ids=dst)["handle"])
     prepared = sender.prepare(handle)
+    _accepted(prepared)
+    assert prepared.puts and prepared.ranges == 1
     src = [3, 9, 10, 2]
     assert sender.send_blocks("w", src, handle, prepared) == 4 * pool.block_bytes()
-    assert prepared.future.cancelled()
+    assert prepared.outcome == "sent"
     assert receiver.call("wait", request_id="w")["arrived"]
     assert receiver.call("digest", block_ids=dst)["digests"] == block_digests(pool, src)
     stats = receiver.call("stats")["stats"]
+    assert (stats["writes_received"], stats["withdrawn_writes"], stats["leases_completed"]) == (1, 0, 1)
+    assert engine.in_flight() == 0 and stats["in_flight"] == 0
+
+
+def test_a_withdrawn_write_leaves_its_lease_open_for_an_ordinary_one(redis_url, local_engine, peers, request):
+    engine, pool, sender, receiver = _setup(redis_url, local_engine, peers, request, seed=26)
+    dst = [54, 55]
+    handle = DestinationHandle.from_json(receiver.call("expect", request_id="o", block_ids=dst)["handle"])
+    prepared = sender.prepare(handle)
+    _accepted(prepared)
+    prepared.withdraw()
+    assert sender.send_blocks("o", [5, 6], handle) == 2 * pool.block_bytes()
+    assert prepared.future.cancelled()  # by the loop, which took the withdrawal before the write
+    assert receiver.call("wait", request_id="o")["arrived"]
+    assert receiver.call("digest", block_ids=dst)["digests"] == block_digests(pool, [5, 6])
+    stats = receiver.call("stats")["stats"]
     assert (stats["writes_received"], stats["withdrawn_writes"], stats["leases_completed"]) == (1, 1, 1)
     assert engine.in_flight() == 0 and stats["in_flight"] == 0
+
+
+def test_ranges_that_do_not_cover_the_prepared_ones_exactly_are_refused(redis_url, local_engine, peers, request):
+    """The target completes a write over the ranges it accepted, so other ranges must tile them: a block
+    missing, or one written twice, is refused before any put, and nothing lands."""
+    engine, pool, _, receiver = _setup(redis_url, local_engine, peers, request, seed=27)
+    block, base = pool.block_bytes(), pool.tensor.data_ptr()
+    before = receiver.call("digest", block_ids=[90, 91])["digests"]
+    for dst_blocks in ([90], [90, 90, 91]):
+        handle = DestinationHandle.from_json(receiver.call("expect", request_id=f"t{len(dst_blocks)}", block_ids=[90, 91])["handle"])
+        prepared = engine.prepare_write(handle.node, [handle.base_address + 90 * block], [2 * block], token=handle.token)
+        with pytest.raises(ValueError, match="takes puts"):
+            prepared.send([base], [handle.base_address + 90 * block], [2 * block])  # not known to take puts yet
+        _accepted(prepared)
+        src = [base + i * block for i in range(len(dst_blocks))]
+        future = prepared.send(src, [handle.base_address + b * block for b in dst_blocks], [block] * len(dst_blocks))
+        with pytest.raises(TransferRejectedError, match="cover the ranges prepared exactly|overlap"):
+            future.result(timeout=3)
+    assert receiver.call("digest", block_ids=[90, 91])["digests"] == before
+    assert engine.in_flight() == 0
 
 
 def test_a_prepared_write_with_a_forged_token_is_refused_and_writes_nothing(redis_url, local_engine, peers, request):
