@@ -7,9 +7,10 @@ runs that are contiguous on both sides into single messages, and writes them wit
 The lease is open before the prefill starts, so the prefill side may `prepare` the write then: the decode
 side checks it and readies its memory while the KV is computed, and `send_blocks` starts the data at once
 (transfer/prepared_write.py). The decode side's write guard accepts only writes inside an open lease;
-when every reserved block has arrived the lease completes (the blocks become the request's), and a lease that ends first is expired:
-its blocks are the caller's to free, and late writes for it are refused. A write into the lease that
-fails (its writer gave up, timed out or died) ends the lease at once: no more of its KV will come.
+when every reserved block has arrived the lease completes (the blocks become the request's), and a lease
+that ends first is expired: its blocks are the caller's to free, and late writes for it are refused. A
+write into the lease that fails (its writer gave up, timed out or died) ends the lease at once: no more of
+its KV will come.
 """
 
 from __future__ import annotations
@@ -273,11 +274,15 @@ class KVSender:
         prepared write, its data goes at once where the blocks fit the runs prepared, one source run per
         destination run, or where they do not (blocks from the prefix cache, say) but the write goes as puts
         (host memory); else it is withdrawn and an ordinary write follows."""
-        if handle.request_id != request_id:
-            raise ValueError(f"handle is for request {handle.request_id!r}, not {request_id!r}")
-        check_compatible(self.description, handle.pool, handle.node)
-        src = list(src_block_ids)[handle.first_block :]
-        runs = coalesce_block_runs(src, handle.block_ids)
+        try:
+            if handle.request_id != request_id:
+                raise ValueError(f"handle is for request {handle.request_id!r}, not {request_id!r}")
+            check_compatible(self.description, handle.pool, handle.node)
+            runs = coalesce_block_runs(list(src_block_ids)[handle.first_block :], handle.block_ids)
+        except BaseException:
+            if prepared is not None:  # refused before any byte: end the prepared write now, not at its hold
+                prepared.withdraw()
+            raise
         if not runs:
             return 0
         src_addrs = [self.base + s * self.block_bytes for s, _, _ in runs]

@@ -90,10 +90,10 @@ class Writes:
         op = self._ops.get(op_id)
         if op is None:  # refused or expired already: its future says why
             return
-        if dst is not None and lengths is not None:
+        if dst is not None and lengths is not None:  # PreparedWrite lets only a write of puts (ready) retile
             refusal = _tiling_refusal(op, dst, lengths) or self._source_refusal(op, src, lengths)
             if refusal is None:
-                op.data.update(destinations=dst, lengths=lengths, retiled=True)
+                op.data.update(destinations=dst, lengths=lengths)
         else:
             refusal = self._source_refusal(op, src, op.data["lengths"])
         if refusal is not None:
@@ -105,11 +105,6 @@ class Writes:
         op.deadline = min(op.deadline, time.monotonic() + self._timeout_seconds)
         if op.state == "ready":
             ready = op.data.pop("ready")
-            if op.data.get("retiled") and not ready["rkeys"]:
-                self._ops.pop(op_id)
-                fail(op, TransferRejectedError("the target takes this write as tagged messages: its ranges as prepared"))
-                self._withdraw_message(op.peer, op_id)
-                return
             self._ops.guard(op_id, op, lambda: self._start_data(op_id, op, ready["rkeys"], ready["iov"]))
 
     def _source_refusal(self, op: Operation, src: np.ndarray, lengths: np.ndarray) -> str | None:
@@ -160,11 +155,6 @@ class Writes:
         if op.data["src"] is None:  # prepared, and its data not given yet: send_prepared starts it
             op.data["ready"] = {"rkeys": message["rkeys"], "iov": message["iov"]}
             op.state = "ready"
-            return
-        if op.data.get("retiled") and not message["rkeys"]:
-            self._ops.pop(message["op"])
-            fail(op, TransferRejectedError("the target takes this write as tagged messages: its ranges as prepared"))
-            self._withdraw_message(op.peer, message["op"])
             return
         self._start_data(message["op"], op, message["rkeys"], message["iov"])
 

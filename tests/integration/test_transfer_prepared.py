@@ -142,3 +142,19 @@ def test_a_prepared_write_takes_a_source_in_the_memory_it_was_prepared_for(redis
     with pytest.raises(TransferRejectedError, match="memory .host or device. the write was prepared for"):
         prepared.send([pool.tensor.data_ptr()]).result(timeout=3)
     assert engine.in_flight() == 0
+
+
+def test_a_send_refused_before_any_byte_withdraws_its_prepared_write(redis_url, local_engine, peers, request):
+    """A prefill whose blocks do not match the reservation: the send fails at once, and its prepared write
+    ends then on both sides rather than holding the decode side until the lease ends."""
+    engine, pool, sender, receiver = _setup(redis_url, local_engine, peers, request, seed=28)
+    handle = DestinationHandle.from_json(receiver.call("expect", request_id="m", block_ids=[95, 96])["handle"])
+    prepared = sender.prepare(handle)
+    with pytest.raises(ValueError, match="3 source blocks for 2"):
+        sender.send_blocks("m", [1, 2, 3], handle, prepared)
+    assert prepared.outcome == "withdrawn"
+    deadline = time.monotonic() + 3
+    while (stats := receiver.call("stats")["stats"])["withdrawn_writes"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert stats["withdrawn_writes"] == 1 and stats["in_flight"] == 0
+    assert engine.in_flight() == 0
