@@ -76,6 +76,9 @@ pki() {
 
 network() {
     ip link add "$BRIDGE" type bridge
+    # The bridge names its node's folder, so that a later `up` can tell a live node from one whose run was
+    # killed before its `down` (and clean up after the latter).
+    ip link set "$BRIDGE" alias "$dir"
     ip addr add "$NODE_IP/24" dev "$BRIDGE"
     ip link set "$BRIDGE" up
     sysctl -qw net.ipv4.ip_forward=1
@@ -362,17 +365,40 @@ down() {
     rm -rf "$dir"
 }
 
+stale_node() {  # the bridge exists: refuse if its node still runs, else remove what that node left
+    local owner
+    owner="$(cat "/sys/class/net/$BRIDGE/ifalias" 2>/dev/null || true)"
+    if [[ -z "$owner" ]] || node_running "$owner"; then
+        echo "node.sh: the bridge $BRIDGE exists: another node is up (bash tests/pods/node.sh down ${owner:-ITS_DIR})" >&2
+        exit 1
+    fi
+    echo "node.sh: the node in $owner has no process left (its run was killed); removing what it left" >&2
+    local own_dir="$dir"
+    dir="$owner"
+    down
+    dir="$own_dir"
+}
+
+node_running() {  # folder: a process the node in it started still runs
+    local folder="$1" pid
+    if [[ -f "$folder/pids" ]]; then
+        while read -r pid _; do
+            kill -0 "$pid" 2>/dev/null && return 0
+        done <"$folder/pids"
+    fi
+    pgrep -f -- "$folder" >/dev/null
+}
+
 command="${1:-}"
 dir="${2:-}"
 [[ -n "$command" && -n "$dir" ]] || { sed -n '2,12p' "$0" >&2; exit 2; }
 case "$command" in
     up)
-        if ip link show "$BRIDGE" >/dev/null 2>&1; then
-            echo "node.sh: the bridge $BRIDGE exists: another node is up (bash tests/pods/node.sh down ITS_DIR)" >&2
-            exit 1
-        fi
         mkdir -p "$dir/logs" "$image_store"
         dir="$(cd "$dir" && pwd)"
+        if ip link show "$BRIDGE" >/dev/null 2>&1; then
+            stale_node
+        fi
         pki
         network
         control_plane
