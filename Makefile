@@ -40,7 +40,7 @@ venv: $(STAMP)
 # Debian's packages that the tests run: Redis, and for the pods tier the container runtime, the CNI plugins,
 # nft (the NetworkPolicy agent's table), patch (its build) and podman with mmdebstrap to build the image.
 # Installed only when one is missing.
-DEBIAN_PACKAGES := redis-server containerd runc containernetworking-plugins nftables patch podman mmdebstrap
+DEBIAN_PACKAGES := redis-server containerd runc containernetworking-plugins nftables patch podman mmdebstrap skopeo
 system-packages:
 	@missing="$$(for p in $(DEBIAN_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done)"; \
 	  [ -z "$$missing" ] || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; }

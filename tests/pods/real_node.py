@@ -49,7 +49,7 @@ def missing_prerequisites() -> list[str]:
     missing = []
     if os.geteuid() != 0:
         missing.append("root (the node makes a bridge, iptables rules and mounts)")
-    for tool in ("containerd", "runc", "ctr", "podman"):
+    for tool in ("containerd", "runc", "ctr", "podman", "skopeo"):
         if shutil.which(tool) is None:
             missing.append(f"{tool} (make system-packages)")
     if shutil.which("nft") is None:
