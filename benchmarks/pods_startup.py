@@ -1,7 +1,8 @@
 """Startup on real pods: from `kubectl apply` to Ready, and from the pods' start to the first token served.
 
 Runs against the single-node cluster that `make k8s-up` brings up (the chart installed, the image
-imported): applies examples/inferencecluster.yaml, renamed, into a namespace of its own, RUNS times, and
+imported): applies examples/inferencecluster.yaml, renamed, into the operator's namespace (the chart's
+operator keeps to its release namespace), RUNS times, each cluster deleted with its pods before the next, and
 for each run records
 - apply -> Ready: until the InferenceCluster's status says Ready (prefill, decode and router ready);
 - apply -> first token: until a streaming completion through the router's Service yields its first token
@@ -9,7 +10,10 @@ for each run records
 - pod start -> first token: from the last of the prefill, decode and router containers' start (the
   kubelet's startedAt, whole seconds) to that first token: the model load, the readiness probes and
   discovery, what a rollout waits for;
-and the image's size. Writes benchmarks/results/pods_startup.json.
+and the image's size. With --images A,B,... (each imported into the node) the runs alternate between the
+images, the cluster's spec.image naming each in turn, and the summary holds each image's medians and their
+ratios to the first's: a change to the image measured side by side with its baseline.
+Writes benchmarks/results/pods_startup.json.
 
     make k8s-up
     python -m benchmarks.pods_startup --kubeconfig ~/.cache/kvferry/k8s/admin.kubeconfig --runs 3
@@ -52,10 +56,14 @@ def kubectl(kubeconfig: str, *args: str, input: str | None = None) -> str:
     return done.stdout
 
 
-def image_size_mib() -> int:
-    reference = subprocess.run(
+def built_image() -> str:
+    """The reference `make image` builds."""
+    return subprocess.run(
         ["bash", str(REPO / "image" / "build.sh"), "--print-ref"], capture_output=True, text=True, check=True
     ).stdout.strip()
+
+
+def image_size_mib(reference: str) -> int:
     env = {**os.environ, "CONTAINERS_CONF": str(cache_dir() / "podman" / "containers.conf")}
     size = subprocess.run(
         ["podman", "image", "inspect", "--format", "{{ .Size }}", reference],
@@ -106,12 +114,11 @@ def container_starts(kubeconfig: str, namespace: str, cluster: str) -> list[floa
     return starts
 
 
-def one_run(kubeconfig: str, number: int) -> dict[str, Any]:
+def one_run(kubeconfig: str, namespace: str, number: int, image: str) -> dict[str, Any]:
     manifest = yaml.safe_load(EXAMPLE.read_text())
-    cluster, model = f"startup{number}", manifest["spec"]["model"]["servedName"]
+    cluster, model = f"startup-{uuid.uuid4().hex[:6]}", manifest["spec"]["model"]["servedName"]
     manifest["metadata"]["name"] = cluster
-    namespace = f"bench-{uuid.uuid4().hex[:6]}"
-    kubectl(kubeconfig, "create", "namespace", namespace)
+    manifest["spec"]["image"] = image
     try:
         applied = time.time()
         kubectl(kubeconfig, "-n", namespace, "apply", "-f", "-", input=json.dumps(manifest))
@@ -152,36 +159,57 @@ def one_run(kubeconfig: str, number: int) -> dict[str, Any]:
             )
         started = max(container_starts(kubeconfig, namespace, cluster))
         return {
+            "image": image,
             "apply_to_ready_s": round(ready - applied, 1),
             "apply_to_first_token_s": round(token - applied, 1),
             "pod_start_to_first_token_s": round(token - started, 1),
         }
     finally:
-        kubectl(kubeconfig, "delete", "namespace", namespace, "--wait", "--timeout=300s")
+        kubectl(
+            kubeconfig, "-n", namespace, "delete", "inferencecluster", cluster, "--wait", "--timeout=300s"
+        )
+        # Its pods go by garbage collection after it: gone before the next run starts, so that no two overlap.
+        kubectl(kubeconfig, "-n", namespace, "wait", "pods", f"--selector=kvferry.dev/cluster={cluster}",
+                "--for=delete", "--timeout=300s")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = benchmark_parser(__doc__, "pods_startup")
     parser.add_argument("--kubeconfig", default=str(cache_dir() / "k8s" / "admin.kubeconfig"))
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=3, help="runs per image")
+    parser.add_argument(
+        "--namespace", default="kvferry", help="the operator's (the chart's release) namespace"
+    )
+    parser.add_argument(
+        "--images", default="", help="images to alternate, comma-separated (default: make image's)"
+    )
     args = parser.parse_args(argv)
+    images = [image for image in args.images.split(",") if image] or [built_image()]
     runs = []
-    for number in range(args.runs):
-        runs.append(one_run(args.kubeconfig, number))
+    for number in range(args.runs * len(images)):
+        runs.append(one_run(args.kubeconfig, args.namespace, number, images[number % len(images)]))
         print(f"run {number}: {runs[-1]}", flush=True)
-    keys = list(runs[0])
-    median = {key: statistics.median(run[key] for run in runs) for key in keys}
+    keys = [key for key in runs[0] if key != "image"]
+    medians = {image: {key: statistics.median(run[key] for run in runs if run["image"] == image) for key in keys}
+               for image in images}  # fmt: skip
     print_table(
-        [{"": f"run {i}", **run} for i, run in enumerate(runs)] + [{"": "median", **median}], ["", *keys]
+        [{"": f"run {i}", **run} for i, run in enumerate(runs)]
+        + [{"": f"median, {image}", **median} for image, median in medians.items()],
+        ["", "image", *keys],
     )
     params = {
         **params_of(args, leave_out=("results_dir", "kubeconfig")),
         "example": str(EXAMPLE.relative_to(REPO)),
     }
-    result = new_result(
-        "pods_startup", params, runs, summary={"median": median, "image_size_mib": image_size_mib()}
-    )
-    print(f"image: {result.summary['image_size_mib']} MiB; wrote {write_result(result, output_dir(args))}")
+    summary = {
+        "median": medians[images[0]],
+        "image_size_mib": image_size_mib(images[0]),
+        "images": {image: {"median": median, "image_size_mib": image_size_mib(image),
+                           "ratio_to_first": {key: round(medians[images[0]][key] / median[key], 3) for key in keys}}
+                   for image, median in medians.items()},
+    }  # fmt: skip
+    result = new_result("pods_startup", params, runs, summary=summary)
+    print(f"wrote {write_result(result, output_dir(args))}")
     return 0
 
 
