@@ -16,6 +16,7 @@ import json
 import sys
 import tarfile
 from pathlib import Path
+from typing import BinaryIO
 
 REF_NAME = "org.opencontainers.image.ref.name"
 IMAGE_NAME = "io.containerd.image.name"
@@ -32,8 +33,10 @@ def add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:
     tar.addfile(info, io.BytesIO(data))
 
 
-def write_archive(layout: Path, ref_name: str, image_name: str, present: set[str]) -> tuple[int, int]:
-    """The archive on stdout; returns (layers sent, layers in the image)."""
+def write_archive(
+    layout: Path, ref_name: str, image_name: str, present: set[str], out: BinaryIO
+) -> tuple[int, int]:
+    """Writes the archive to `out` (a stream: the tar is never seeked); returns (layers sent, layers in the image)."""
     index = json.loads((layout / "index.json").read_text())
     found = [entry for entry in index["manifests"] if entry.get("annotations", {}).get(REF_NAME) == ref_name]
     if len(found) != 1:
@@ -43,7 +46,7 @@ def write_archive(layout: Path, ref_name: str, image_name: str, present: set[str
     layers = [layer["digest"] for layer in manifest["layers"]]
     missing = [digest for digest in layers if digest not in present]
     named = {**manifest_entry, "annotations": {IMAGE_NAME: image_name}}
-    with tarfile.open(fileobj=sys.stdout.buffer, mode="w|") as tar:
+    with tarfile.open(fileobj=out, mode="w|") as tar:
         add_bytes(tar, "oci-layout", (layout / "oci-layout").read_bytes())
         add_bytes(tar, "index.json", json.dumps({"schemaVersion": 2, "manifests": [named]}).encode())
         for digest in dict.fromkeys([manifest_entry["digest"], manifest["config"]["digest"], *missing]):
@@ -55,7 +58,9 @@ def main() -> None:
     if len(sys.argv) != 4:
         raise SystemExit(__doc__)
     layout, ref_name, image_name = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
-    sent, total = write_archive(layout, ref_name, image_name, set(sys.stdin.read().split()))
+    sent, total = write_archive(
+        layout, ref_name, image_name, set(sys.stdin.read().split()), sys.stdout.buffer
+    )
     print(f"oci_archive.py: {sent} of {total} layers sent", file=sys.stderr)
 
 
