@@ -38,7 +38,8 @@ lock: $(UV)
 venv: $(STAMP)
 
 # Debian's packages that the tests run: Redis, and for the pods tier the container runtime, the CNI plugins,
-# nft (the NetworkPolicy agent's table), patch (its build) and podman with mmdebstrap to build the image.
+# nft (the NetworkPolicy agent's table), patch (its build), podman with mmdebstrap to build the image and skopeo
+# to hand the node only the layers its containerd lacks.
 # Installed only when one is missing.
 DEBIAN_PACKAGES := redis-server containerd runc containernetworking-plugins nftables patch podman mmdebstrap skopeo
 system-packages:
