@@ -50,15 +50,17 @@ from benchmarks.soak_sampling import (
     proc_usage,
     quietest,
 )
+from kvferry.internal_api import CALLER_KEEPALIVE_SECONDS
 from kvferry.loadgen.client import client_session
 from kvferry.loadgen.datasets import BenchRequest, RandomSpec, TokenWords, random_requests
 
 PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "soak.png"
 READINGS_PER_SAMPLE, READING_GAP_S = 3, 0.5
-# The router's pool keeps a connection to a node per call it once had in flight at a time; uvicorn closes one
-# idle for 5 s (its default keep-alive) and the router drops it on its next health probe (every second). Read
-# before that, descriptors swung 25-44 with how busy the machine was; read after it, the count is the idle one.
-SETTLE_S = 6.5
+# The router's pools keep a connection to a node per call it once had in flight at a time, and drop one idle for
+# CALLER_KEEPALIVE_SECONDS: the control calls' pool on its next health probe (every second), the streams' pool on
+# its cleanup, which runs once per keep-alive (so up to twice that). Read before that, descriptors swung 25-44
+# with how busy the machine was; read after it, the count is the idle one.
+SETTLE_S = 2 * CALLER_KEEPALIVE_SECONDS + 0.5
 DRAIN_TIMEOUT_S = 60.0
 REQUEST_TIMEOUT_S = 60.0
 

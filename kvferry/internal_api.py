@@ -14,6 +14,13 @@ if TYPE_CHECKING:
     from kvferry.engine import SamplingParams
 
 API_PREFIX = "/internal/v1"
+# How long a node keeps an idle connection open, and how long its callers (the router) reuse one: far apart.
+# A caller's HTTP client may take a pooled connection back without asking the socket whether the node closed
+# it; it learns of a close only once its event loop has read the FIN. With uvicorn's 5 s against the router's
+# 4, one second of lag on a loaded router's loop made requests fail on connections the node had just closed
+# (tests/e2e/test_node_keepalive.py).
+NODE_KEEPALIVE_SECONDS = 60
+CALLER_KEEPALIVE_SECONDS = 4.0
 
 
 class _Strict(BaseModel):

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 
 from kvferry import tracing
 from kvferry.engine.tokenizer import tokenizer_fingerprint
+from kvferry.internal_api import CALLER_KEEPALIVE_SECONDS
 from kvferry.kvcache.node_registry import registry_from
 from kvferry.kvcache.prefix_index import PrefixIndex, prefix_index_from
 from kvferry.request_id import request_id_headers
@@ -63,7 +64,8 @@ from kvferry.router.service import CompletionService
 
 TRUST_CHECK_SECONDS = 10.0  # how often the nodes' CA bundle is looked at for a rotated CA
 
-NODE_CLIENT_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=512)
+NODE_CLIENT_LIMITS = httpx.Limits(max_connections=None, max_keepalive_connections=512,
+                                  keepalive_expiry=CALLER_KEEPALIVE_SECONDS)
 
 
 def _discovery(config: RouterConfig, view: RegistryView) -> Discovery:

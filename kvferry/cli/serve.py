@@ -45,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _serve_node(args: argparse.Namespace) -> int:
+    from kvferry.internal_api import NODE_KEEPALIVE_SECONDS
     from kvferry.node.runtime import NodeRuntime
     from kvferry.tls.server import serve
 
@@ -68,7 +69,8 @@ def _serve_node(args: argparse.Namespace) -> int:
     # The standard asyncio loop, which uvicorn would swap for uvloop (a router dependency): the nodes' engine and
     # transfer threads are tested against it, and only the router's per-token relay was measured to need uvloop.
     serve(create_app(runtime), config.serving_files, host=config.host, port=config.port, **_UVICORN_LOGGING,
-          timeout_graceful_shutdown=config.shutdown_grace_seconds, loop="asyncio")
+          timeout_graceful_shutdown=config.shutdown_grace_seconds, timeout_keep_alive=NODE_KEEPALIVE_SECONDS,
+          loop="asyncio")
     return 0
 
 

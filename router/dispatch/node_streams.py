@@ -16,10 +16,9 @@ from typing import Any
 import aiohttp
 import orjson
 
+from kvferry.internal_api import CALLER_KEEPALIVE_SECONDS
 from kvferry.request_id import request_id_headers
 
-# Below uvicorn's 5 s keep-alive on the nodes, so that the router never reuses a connection the node is closing.
-KEEPALIVE_SECONDS = 4.0
 CONNECT_SECONDS = 5.0  # as the router's other node calls; a stream itself may run as long as it runs
 JSON_HEADERS = {"Content-Type": "application/json"}
 StreamErrors = aiohttp.ClientError  # what a failed call or a broken stream raises
@@ -39,7 +38,7 @@ class NodeStreams:
         if self._session is None:  # made on first use: a session belongs to the running event loop
             self._session = aiohttp.ClientSession(
                 headers=self.headers, timeout=aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_SECONDS),
-                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS,
+                connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=CALLER_KEEPALIVE_SECONDS,
                                                ssl=self.tls if self.tls is not None else True),
             )
         return self._session.post(url, data=orjson.dumps(body), headers={**JSON_HEADERS, **request_id_headers(), **headers},
