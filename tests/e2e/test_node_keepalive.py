@@ -22,7 +22,9 @@ from kvferry.internal_api import API_PREFIX, CALLER_KEEPALIVE_SECONDS
 from kvferry.router.dispatch.node_streams import NodeStreams
 
 UVICORN_DEFAULT_KEEPALIVE = 5.0  # what the nodes had
-REUSE_SECONDS = CALLER_KEEPALIVE_SECONDS - 0.1  # the second call: still within the router's keep-alive, so it reuses
+# The second call: within the router's keep-alive by enough that a loaded machine's scheduling delays still
+# leave it reusing the connection.
+REUSE_SECONDS = CALLER_KEEPALIVE_SECONDS - 0.5
 # The router's loop busy while the first stream's last chunk waits, so that the second call comes 0.3 s past
 # the node's old deadline.
 LAG_SECONDS = max(0.0, UVICORN_DEFAULT_KEEPALIVE + 0.3 - REUSE_SECONDS)
