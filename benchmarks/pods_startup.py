@@ -202,8 +202,6 @@ def main(argv: list[str] | None = None) -> int:
         "example": str(EXAMPLE.relative_to(REPO)),
     }
     summary = {
-        "median": medians[images[0]],
-        "image_size_mib": image_size_mib(images[0]),
         "images": {image: {"median": median, "image_size_mib": image_size_mib(image),
                            "ratio_to_first": {key: round(medians[images[0]][key] / median[key], 3) for key in keys}}
                    for image, median in medians.items()},
