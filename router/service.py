@@ -105,7 +105,7 @@ class CompletionService:
             self.check(body)
             self.admission.enter()
         fmt = fmt or ChatFormat(bool(body.stream and body.stream_options and body.stream_options.include_usage))
-        streaming, status = False, 500
+        streaming, status, error = False, 500, None
         dispatch = trace.INVALID_SPAN  # the span of the nodes' work, from the first call to the last token
         try:
             with tracing.phase("tokenize"):
@@ -132,12 +132,12 @@ class CompletionService:
             status = CLIENT_LEFT
             return Response(status_code=CLIENT_LEFT)  # nobody reads it
         except APIError as exc:
-            status = exc.status
+            status, error = exc.status, exc.message
             raise
         finally:
             if not streaming:
                 self.admission.leave()
-                self._finished(status, clock, prompt_tokens, stream=False, dispatch=dispatch)
+                self._finished(status, error, clock, prompt_tokens, stream=False, dispatch=dispatch)
 
     async def _collect(self, prepared: Prepared, merged: AsyncIterator[tuple[int, list[dict]]],
                        clock: _TokenClock) -> tuple[list[Choice], TokenUsage]:
@@ -282,7 +282,7 @@ class CompletionService:
     async def _sse(self, prepared: Prepared, merged: AsyncIterator[tuple[int, list[dict]]],
                    first: tuple[int, list[dict]] | None, writer: StreamWriter, clock: _TokenClock,
                    dispatch: trace.Span) -> AsyncIterator[bytes]:
-        status = 200
+        status, error = 200, None
         tally = prepared.tally()
         try:
             async with contextlib.aclosing(merged):  # type: ignore[type-var]
@@ -302,23 +302,27 @@ class CompletionService:
             clock.done()
             yield await writer.closing(tally.usage())
         except APIError as exc:  # the stream is open: report in-band
-            status = exc.status
+            status, error = exc.status, exc.message
             yield writer.failed(exc)
         finally:
             clock.flush()
             self.admission.leave()
-            self._finished(status if status != 200 or clock.finished else CLIENT_LEFT, clock, prepared.prompt_tokens,
-                           stream=True, dispatch=dispatch)
+            self._finished(status if status != 200 or clock.finished else CLIENT_LEFT, error, clock,
+                           prepared.prompt_tokens, stream=True, dispatch=dispatch)
 
-    def _finished(self, status: int, clock: _TokenClock, prompt_tokens: int | None, stream: bool,
+    def _finished(self, status: int, error: str | None, clock: _TokenClock, prompt_tokens: int | None, stream: bool,
                   dispatch: trace.Span) -> None:
+        """`error`: what the client was told, for a request that failed with an APIError."""
         self.metrics.request_done(status, clock.tokens)
         dispatch.end()
         tracing.set_attributes({"gen_ai.usage.output_tokens": clock.tokens, "kvferry.stream": stream,
                                 **({"gen_ai.usage.input_tokens": prompt_tokens} if prompt_tokens is not None else {})})
-        if request_log.isEnabledFor(logging.INFO):
-            request_log.info("request finished", extra={"fields": {
-                "status": status, "stream": stream, "prompt_tokens": prompt_tokens, **clock.summary()}})
+        # A request the cluster failed (5xx) is logged at the default level too, with what the client was told:
+        # it is what an operator looks for after an error, and what a failed test's diagnosis shows.
+        level = logging.WARNING if status >= 500 else logging.INFO
+        if request_log.isEnabledFor(level):
+            fields = {"status": status, "stream": stream, "prompt_tokens": prompt_tokens, **clock.summary()}
+            request_log.log(level, "request finished", extra={"fields": {**fields, **({"error": error} if error else {})}})
 
 
 class ResponseFormat(Protocol):

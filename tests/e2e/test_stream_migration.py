@@ -158,6 +158,19 @@ def test_the_only_decode_node_killed_ends_its_stream_with_a_clean_error_at_once(
         response = httpx.post(f"{cluster.router}/v1/completions", json=_body(STREAMS, stream=False), timeout=30)
         assert response.status_code == 503 and time.monotonic() - started < CLEAN_ERROR_SECONDS, response.text
         assert cluster.metric("router", 'kvferry:router_migrations_total{outcome="no_node"}') >= 1
+
+        # Both failures are in the router's log at its default level (warning), each with what its client was told.
+        def failed_lines() -> dict[str, str]:
+            return {"stream" if " stream=True" in line else "plain": line for line in cluster.log("router").splitlines()
+                    if " WARNING kvferry.router.requests" in line and " status=503 " in line}
+
+        def both_logged() -> dict[str, str] | None:
+            lines = failed_lines()
+            return lines if lines.keys() == {"stream", "plain"} else None
+
+        lines = cluster.wait_until(both_logged, 10, lambda: f"both failed requests in the router's log: {failed_lines()}")
+        assert "error=decode node decode-0 failed" in lines["stream"] and "no other decode node" in lines["stream"]
+        assert f"error={response.json()['error']['message']}" in lines["plain"]
     finally:
         cluster.stop()
 
