@@ -18,7 +18,7 @@ API_PREFIX = "/internal/v1"
 # A caller's HTTP client may take a pooled connection back without asking the socket whether the node closed
 # it; it learns of a close only once its event loop has read the FIN. With uvicorn's 5 s against the router's
 # 4, one second of lag on a loaded router's loop made requests fail on connections the node had just closed
-# (tests/e2e/test_node_keepalive.py).
+# (tests/e2e/test_keepalive.py).
 NODE_KEEPALIVE_SECONDS = 60
 CALLER_KEEPALIVE_SECONDS = 4.0
 

@@ -17,6 +17,11 @@ if TYPE_CHECKING:
 # uvicorn's own lines through kvferry's handler (kvferry/logs.py), at warning and above; no access lines: the
 # router writes its own line per request, with its id, tokens and timings.
 _UVICORN_LOGGING = {"log_config": None, "log_level": "warning", "access_log": False}
+# How long the router keeps a client's idle connection open: longer than the clients and load balancers in
+# front of it reuse one (aiohttp's default 15 s, which vLLM's serving benchmark and kvferry loadgen read with;
+# a cloud load balancer's 60 s idle timeout), so that the client always closes first. A client that reuses a
+# connection the server has just closed fails its request (the nodes' side of it: kvferry/internal_api.py).
+ROUTER_KEEPALIVE_SECONDS = 75
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -179,7 +184,8 @@ def _serve_router(args: argparse.Namespace) -> int:
     # uvloop and httptools: the router relays every token of every stream, and the pure-Python event loop
     # and HTTP writer were most of its CPU time per token (docs/router.md, overhead).
     serve(create_app(config), tls, host=args.host, port=args.port, **_UVICORN_LOGGING,
-          timeout_graceful_shutdown=args.shutdown_grace, loop="uvloop", http="httptools")
+          timeout_graceful_shutdown=args.shutdown_grace, timeout_keep_alive=ROUTER_KEEPALIVE_SECONDS, loop="uvloop",
+          http="httptools")
     return 0
 
 
