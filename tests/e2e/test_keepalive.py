@@ -33,6 +33,7 @@ PAST_THE_DEADLINE = 0.3  # the second call comes this long after the server's ol
 BLOCKED_ACROSS = 0.8  # the client's loop is blocked this long before the second call
 # Within the client's keep-alive by enough that a loaded machine's scheduling delays still leave it reusing.
 REUSE_MARGIN = 0.5
+STREAM_TOKENS = 32
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +81,9 @@ async def _reused_late(url: str, body: Callable[[str], dict[str, Any]], keepaliv
 
 def test_a_node_connection_the_router_reuses_late_is_still_open(cluster) -> None:
     """As the router's stream client calls a node (router/dispatch/node_streams.py)."""
-    def body(request_id: str) -> dict[str, Any]:
-        return {"request_id": request_id, "prompt_token_ids": [1, 2, 3], "sampling": {"max_tokens": 2}}
+    def body(request_id: str) -> dict[str, Any]:  # a stream long enough that its end comes after the lag began
+        return {"request_id": request_id, "prompt_token_ids": [1, 2, 3],
+                "sampling": {"max_tokens": STREAM_TOKENS, "ignore_eos": True}}
 
     answer = asyncio.run(_reused_late(f"{cluster.urls['decode-0']}{API_PREFIX}/generate", body,
                                       CALLER_KEEPALIVE_SECONDS, CALLER_KEEPALIVE_SECONDS - REUSE_MARGIN))
